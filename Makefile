@@ -1,0 +1,43 @@
+# Flora — two-command Quickstart: `make demo` and `make test`.
+# Each target creates .venv and installs the pinned stack when missing.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.flora-installed
+export GX_ANALYTICS_ENABLED := false
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export MPLBACKEND := Agg
+
+.PHONY: venv demo test lint lock clean
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# requirements.lock pins the whole resolved stack (see docs/dependencies.md).
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(VENV)/bin/python -m flora.demo
+
+test: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+
+lint: venv
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# Re-resolve the stack from pyproject.toml and re-pin it (needs the package registries).
+lock:
+	rm -rf /tmp/flora-lock && $(PYTHON) -m venv /tmp/flora-lock
+	/tmp/flora-lock/bin/pip install -q --upgrade pip && /tmp/flora-lock/bin/pip install -q -e '.[dev]'
+	/tmp/flora-lock/bin/pip freeze --exclude-editable | grep -v '^flora' > requirements.lock
+
+clean:
+	rm -rf .flora $(VENV)

@@ -1,0 +1,70 @@
+"""One typed settings object for the whole engine.
+
+Every backend choice (tracking store, VLM backend, orchestration mode) is read from
+``FLORA_*`` environment variables here; code never forks on anything else.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class FloraSettings(BaseSettings):
+    """Runtime configuration. Defaults are the embedded (one machine, no services) mode."""
+
+    model_config = SettingsConfigDict(env_prefix="FLORA_", env_file=".env", extra="ignore")
+
+    home: Path = Field(default=Path(".flora"), description="Embedded state root.")
+    dataset: Path = Field(
+        default=Path("datasets/toy_world"), description="Dataset the DAGs process."
+    )
+    mlflow_tracking_uri: str | None = Field(
+        default=None, description="Defaults to sqlite:///<home>/mlflow.db."
+    )
+    mlflow_experiment: str = "flora-data-engine"
+    # Which VLM backend serves segmenter/captioner/rewarder requests.
+    backend: Literal["kinematic", "transformers", "openai"] = "kinematic"
+    model_path: str | None = Field(default=None, description="Path or hub id of a VLM.")
+    adapter_path: str | None = Field(default=None, description="Optional PEFT adapter.")
+    openai_base_url: str | None = None
+    openai_api_key: str | None = None
+    openai_model: str = "flora"
+    request_timeout_s: float = 120.0
+    max_retries: int = 3
+    max_concurrency: int = 8
+    device: str = "auto"
+
+    @property
+    def outputs_dir(self) -> Path:
+        """Where engine tables (Parquet) and reports land."""
+        return self.home / "outputs"
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.home / "airflow"
+
+    @property
+    def dvc_remote(self) -> Path:
+        return self.home / "dvc-remote"
+
+    @property
+    def tracking_uri(self) -> str:
+        """MLflow tracking URI: SQLite under ``home`` unless configured (Postgres in infra)."""
+        if self.mlflow_tracking_uri:
+            return self.mlflow_tracking_uri
+        return f"sqlite:///{(self.home / 'mlflow.db').resolve()}"
+
+    @property
+    def artifact_root(self) -> Path:
+        return (self.home / "mlartifacts").resolve()
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> FloraSettings:
+    """The process-wide settings (cached; call ``get_settings.cache_clear()`` in tests)."""
+    return FloraSettings()
