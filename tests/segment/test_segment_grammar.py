@@ -1,0 +1,127 @@
+"""Segmenter grammar: strict parser reasons, fuzzing, render -> parse round trip."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flora.parsing import Rejection
+from flora.segment import LocalSegment, parse_segments, render_segments
+from flora.segment.grammar import REASONS
+
+
+def test_render_and_parse_example() -> None:
+    segs = [LocalSegment(40, 320, False, True), LocalSegment(0, 37, True, False)]
+    text = render_segments(segs)
+    assert text == "0 37 1 0\n40 320 0 1"
+    assert parse_segments(text, 320) == sorted(segs, key=lambda s: s.u)
+
+
+def test_empty_list_is_none_token() -> None:
+    assert render_segments([]) == "none"
+    assert parse_segments("none", 10) == []
+    assert parse_segments("  none\n", 10) == []
+
+
+def test_whitespace_around_lines_is_tolerated() -> None:
+    assert parse_segments("\n 1 5 0 0 \n2 9 0 0\n", 10) == [
+        LocalSegment(1, 5),
+        LocalSegment(2, 9),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("", "empty"),
+        ("   \n ", "empty"),
+        ("the robot picks up the cup", "field_count"),
+        ("1 5 0", "field_count"),
+        ("1 5 0 0 0", "field_count"),
+        ("1  5 0 0", "field_count"),  # exactly one space between fields
+        ("1\t5 0 0", "field_count"),
+        ("a b c d", "garbage"),
+        ("1 5.0 0 0", "garbage"),
+        ("-1 5 0 0", "garbage"),
+        ("01 5 0 0", "garbage"),
+        ("1 5 0 0\n\n2 6 0 0", "field_count"),  # blank line inside
+        ("```\n1 5 0 0\n```", "field_count"),
+        ("1 11 0 0", "tick_range"),
+        ("11 12 0 0", "tick_range"),
+        ("5 5 0 0", "order"),
+        ("6 5 0 0", "order"),
+        ("1 5 2 0", "bad_flag"),
+        ("1 5 0 7", "bad_flag"),
+        ("1 5 1 0", "bad_flag"),  # left flag but does not touch the left edge
+        ("0 5 0 1", "bad_flag"),  # right flag but does not touch the right edge
+        ("1 5 0 0\n1 5 0 0", "duplicate"),
+        ("3 5 0 0\n1 5 0 0", "unsorted"),
+        ("1 6 0 0\n1 5 0 0", "unsorted"),
+        ("none\n1 5 0 0", "field_count"),
+    ],
+)
+def test_rejection_reasons(text: str, code: str) -> None:
+    res = parse_segments(text, 10)
+    assert isinstance(res, Rejection), res
+    assert res.reason.split(":")[0] == code, res.reason
+    assert res.kind == "parse"
+
+
+def test_flags_at_edges_accepted() -> None:
+    assert parse_segments("0 10 1 1", 10) == [LocalSegment(0, 10, True, True)]
+
+
+@st.composite
+def window_output(draw) -> tuple[list[LocalSegment], int]:
+    n = draw(st.integers(1, 640))
+    out = []
+    for _ in range(draw(st.integers(0, 12))):
+        u = draw(st.integers(0, n - 1))
+        v = draw(st.integers(u + 1, n))
+        lf = draw(st.booleans()) and u == 0
+        rf = draw(st.booleans()) and v == n
+        out.append(LocalSegment(u, v, lf, rf))
+    return out, n
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(window_output())
+def test_render_parse_round_trip(case: tuple[list[LocalSegment], int]) -> None:
+    segs, n = case
+    text = render_segments(segs)
+    parsed = parse_segments(text, n)
+    assert not isinstance(parsed, Rejection), parsed
+    assert parsed == sorted(set(segs), key=lambda s: (s.u, s.v, s.left_open, s.right_open))
+    assert render_segments(parsed) == text  # canonical form is a fixed point
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(st.text(max_size=200), st.integers(-5, 700))
+def test_fuzz_arbitrary_text_never_raises(text: str, n: int) -> None:
+    res = parse_segments(text, n)
+    if isinstance(res, Rejection):
+        assert res.reason.split(":")[0] in REASONS
+    else:
+        assert all(0 <= s.u < s.v <= n for s in res)
+
+
+line_alphabet = st.sampled_from(list("0123456789 \n-n oe\t"))
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(st.text(alphabet=line_alphabet, max_size=80), st.integers(1, 50))
+def test_fuzz_grammar_like_text(text: str, n: int) -> None:
+    res = parse_segments(text, n)
+    if isinstance(res, Rejection):
+        assert res.reason.split(":")[0] in REASONS
+    else:
+        # Whatever is accepted is canonical: re-rendering and re-parsing is stable.
+        assert parse_segments(render_segments(res), n) == res
+        assert all(0 <= s.u < s.v <= n for s in res)
+        assert all((not s.left_open or s.u == 0) and (not s.right_open or s.v == n) for s in res)
+
+
+def test_non_string_input_is_rejected() -> None:
+    res = parse_segments(None, 10)  # type: ignore[arg-type]
+    assert isinstance(res, Rejection) and res.reason.startswith("garbage")
