@@ -1,0 +1,375 @@
+"""Dense reward (DESIGN §3.3, §3.7; seed §5 eq. 22): windows, grammar, stitching.
+
+Window k covers ``[10k s, 10k s + 16 s)``: 64 frames at 4 Hz, paired into 32 groups of
+0.5 s. Group g (1..32) covers ``[10k + 0.5(g-1), 10k + 0.5g)`` s and its frames sit at
+``10k + 0.5(g-1)`` and ``+ 0.25`` s. Labels are retrospective, so the last 4 s (groups
+25..32) of every non-final window are trimmed; the final window keeps every group that
+starts before T. Overlapping retained groups are resolved per time point by eq. (22)::
+
+    (k*, g*) = lexmin over retained (k, g) of ( min_τ |t - τ|, -min(g-1, 32-g), k, g )
+
+i.e. nearest retained frame, then the group farthest from its window's edges, then the
+earlier window, then the lower group. A time past every retained group (t >= T or t < 0)
+is still answered by the nearest group: eq. (22) has no distance cut-off.
+
+Grammar (one window, 33 lines, worst level first)::
+
+    worst: W
+    1: L
+    ...
+    17: 1 | the gripper closes on empty air
+    ...
+    32: L
+
+W and every L are in {1, 2, 3} (1 failure, 2 suboptimal, 3 normal). Groups appear once
+each, in order 1..32. A group with L in {1, 2} carries ``| reason`` (non-empty, one line);
+a normal group carries none. W must equal the minimum label, else the parse is rejected.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from flora.contract import US_PER_S
+from flora.parsing import Rejection
+
+DENSE_FRAMES = 64
+DENSE_FPS = 4.0
+DENSE_GROUPS = 32
+DENSE_STRIDE_US = 10 * US_PER_S
+DENSE_WINDOW_US = 16 * US_PER_S
+DENSE_TAIL_TRIM_US = 4 * US_PER_S
+GROUP_US = DENSE_WINDOW_US // DENSE_GROUPS  # 0.5 s
+FRAME_US = GROUP_US // 2  # 0.25 s (4 Hz)
+NON_FINAL_KEEP = (DENSE_WINDOW_US - DENSE_TAIL_TRIM_US) // GROUP_US  # 24
+LABELS = {1: "failure", 2: "suboptimal", 3: "normal"}
+
+
+class DenseError(ValueError):
+    """Invalid input to dense planning or stitching (names the window / field)."""
+
+
+@dataclass(frozen=True)
+class DenseWindow:
+    """Dense window k: ``[start_us, end_us)`` with ``end_us = start_us + 16 s``.
+
+    ``groups`` lists the retained group numbers (1..32) — the ones eq. (22) may choose.
+    """
+
+    index: int
+    start_us: int
+    end_us: int
+    groups: tuple[int, ...]
+
+    def group_start_us(self, g: int) -> int:
+        """Start of group g (1..32) in episode time."""
+        return self.start_us + (g - 1) * GROUP_US
+
+    def group_frame_times_us(self, g: int) -> tuple[int, int]:
+        """The two frame instants of group g: its start and start + 0.25 s."""
+        s = self.group_start_us(g)
+        return (s, s + FRAME_US)
+
+    def frame_times_us(self) -> list[int]:
+        """All 64 nominal frame instants of the window (4 Hz from its start)."""
+        return [self.start_us + i * FRAME_US for i in range(DENSE_FRAMES)]
+
+
+def plan_windows(duration_us: int) -> list[DenseWindow]:
+    """DESIGN §3.7 dense windows for an episode of ``duration_us``.
+
+    Window k = ``[10k s, 10k s + 16 s)`` for k = 0, 1, … up to and including the first
+    window whose end is >= T (one window when T <= 16 s). Non-final windows retain groups
+    1..24; the final one retains every group starting before T.
+    """
+    if isinstance(duration_us, bool) or not isinstance(duration_us, (int, np.integer)):
+        raise DenseError(f"duration_us={duration_us!r} must be an integer number of µs")
+    T = int(duration_us)
+    if T <= 0:
+        raise DenseError(f"duration_us={T} must be positive")
+    out: list[DenseWindow] = []
+    k = 0
+    while True:
+        start = k * DENSE_STRIDE_US
+        end = start + DENSE_WINDOW_US
+        final = end >= T
+        if final:
+            groups = tuple(g for g in range(1, DENSE_GROUPS + 1) if start + (g - 1) * GROUP_US < T)
+        else:
+            groups = tuple(range(1, NON_FINAL_KEEP + 1))
+        out.append(DenseWindow(k, start, end, groups))
+        if final:
+            return out
+        k += 1
+
+
+def group_times(duration_us: int) -> list[int]:
+    """Episode-level 0.5 s group starts ``0, 0.5 s, …`` (last one before T): table times."""
+    return list(range(0, int(duration_us), GROUP_US))
+
+
+# --------------------------------------------------------------------------- grammar
+
+
+@dataclass(frozen=True)
+class DenseOutput:
+    """A parsed window: declared worst level, 32 labels and 32 reasons ('' when normal)."""
+
+    worst: int
+    labels: tuple[int, ...]
+    reasons: tuple[str, ...]
+
+
+_WORST = re.compile(r"\Aworst:[ \t]*(\S+)[ \t]*\Z")
+_LINE = re.compile(r"\A([0-9]+):[ \t]*([^|\s]+)[ \t]*(?:\|(.*))?\Z")
+
+
+def render_dense(labels: Sequence[int], reasons: Sequence[str] | None = None) -> str:
+    """SFT target for one window: worst level, then the 32 group lines (reasons if not 3)."""
+    labels = [int(x) for x in labels]
+    reasons = list(reasons) if reasons is not None else [""] * len(labels)
+    if len(labels) != DENSE_GROUPS or len(reasons) != DENSE_GROUPS:
+        raise DenseError(
+            f"render_dense needs {DENSE_GROUPS} labels and reasons, got {len(labels)} and "
+            f"{len(reasons)}"
+        )
+    lines = [f"worst: {min(labels)}"]
+    for g, (lab, why) in enumerate(zip(labels, reasons, strict=True), start=1):
+        if lab not in LABELS:
+            raise DenseError(f"group {g}: label {lab} outside 1..3")
+        why = " ".join(str(why).split())  # one line, collapsed whitespace
+        if lab == 3:
+            lines.append(f"{g}: 3")
+        else:
+            if not why or "|" in why:
+                raise DenseError(f"group {g}: label {lab} needs a non-empty reason without '|'")
+            lines.append(f"{g}: {lab} | {why}")
+    return "\n".join(lines)
+
+
+def parse_dense(text: str) -> DenseOutput | Rejection:
+    """Strict parser for one dense window; a ``DenseOutput`` or a typed ``Rejection``.
+
+    Rejects: missing/invalid worst line, a count other than 32 group lines, groups out of
+    order, labels outside 1..3, a non-normal group without a reason, a normal group with
+    one, and a declared worst level that differs from the minimum label.
+    """
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return Rejection("dense: empty output", text)
+    m = _WORST.match(lines[0])
+    if m is None:
+        return Rejection("dense: first line must declare 'worst: W'", text)
+    if m.group(1) not in ("1", "2", "3"):
+        return Rejection(f"dense: declared worst level {m.group(1)!r} outside 1..3", text)
+    worst = int(m.group(1))
+    body = lines[1:]
+    if len(body) != DENSE_GROUPS:
+        return Rejection(f"dense: expected {DENSE_GROUPS} group labels, got {len(body)}", text)
+    labels: list[int] = []
+    reasons: list[str] = []
+    for g, line in enumerate(body, start=1):
+        lm = _LINE.match(line)
+        if lm is None:
+            return Rejection(f"dense: group line {g} malformed: {line!r}", text)
+        if int(lm.group(1)) != g:
+            return Rejection(f"dense: expected group {g}, got group {lm.group(1)}", text)
+        if lm.group(2) not in ("1", "2", "3"):
+            return Rejection(f"dense: group {g} label {lm.group(2)!r} outside 1..3", text)
+        lab = int(lm.group(2))
+        why = (lm.group(3) or "").strip()
+        if lab != 3 and not why:
+            return Rejection(f"dense: group {g} has label {lab} but no reason", text)
+        if lab == 3 and lm.group(3) is not None:
+            return Rejection(f"dense: group {g} is normal (3) but carries a reason", text)
+        labels.append(lab)
+        reasons.append(why)
+    if worst != min(labels):
+        return Rejection(
+            f"dense: declared worst {worst} differs from worst group label {min(labels)}", text
+        )
+    return DenseOutput(worst, tuple(labels), tuple(reasons))
+
+
+# --------------------------------------------------------------------------- stitching
+
+
+def _check_windows(windows: Sequence[DenseWindow]) -> None:
+    for w in windows:
+        bad = [g for g in w.groups if not 1 <= g <= DENSE_GROUPS]
+        if bad:
+            raise DenseError(f"window {w.index}: retained groups {bad} outside 1..32")
+
+
+def _check_labels(windows: Sequence[DenseWindow], labels: Sequence[Sequence[int]]) -> None:
+    if len(labels) != len(windows):
+        raise DenseError(f"{len(windows)} windows but {len(labels)} label lists")
+    for w, labs in zip(windows, labels, strict=True):
+        if len(labs) != DENSE_GROUPS:
+            raise DenseError(f"window {w.index}: expected {DENSE_GROUPS} labels, got {len(labs)}")
+        bad = [x for x in labs if x not in LABELS]
+        if bad:
+            raise DenseError(f"window {w.index}: labels {bad} outside 1..3")
+
+
+def _edge(g: int) -> int:
+    return min(g - 1, DENSE_GROUPS - g)
+
+
+def stitch_sources(
+    windows: Sequence[DenseWindow], times_us: Sequence[int]
+) -> list[tuple[int, int]]:
+    """Eq. (22) source per query time: ``(position of the window in windows, group g)``.
+
+    Vectorised: all retained frame instants are sorted once; for each unique instant the
+    best group by the tie-break part of the key ``(-min(g-1, 32-g), k, g)`` is precomputed,
+    so a query only compares the nearest instant on each side (``searchsorted``):
+    O((F + Q) log F) for F frames and Q query times.
+    """
+    _check_windows(windows)
+    times = np.asarray(list(times_us), dtype=np.int64)
+    if times.size == 0:
+        return []
+    rows = [
+        (tau, -_edge(g), w.index, g, pos)
+        for pos, w in enumerate(windows)
+        for g in w.groups
+        for tau in w.group_frame_times_us(g)
+    ]
+    if not rows:
+        raise DenseError("no retained groups to stitch from")
+    a = np.asarray(rows, dtype=np.int64)
+    # Sort by (tau, -edge, k, g): the first row of each tau run is that instant's best group.
+    order = np.lexsort((a[:, 3], a[:, 2], a[:, 1], a[:, 0]))
+    a = a[order]
+    first = np.ones(len(a), dtype=bool)
+    first[1:] = a[1:, 0] != a[:-1, 0]
+    best = a[first]
+    taus = best[:, 0]
+    idx = np.searchsorted(taus, times, side="left")  # taus[idx-1] < t <= taus[idx]
+    right = np.minimum(idx, len(taus) - 1)
+    left = np.maximum(idx - 1, 0)
+    d_right = np.where(idx < len(taus), taus[right] - times, np.iinfo(np.int64).max)
+    d_left = np.where(idx > 0, times - taus[left], np.iinfo(np.int64).max)
+    # On equal distance compare the two instants' best tie-break keys (-edge, k, g).
+    kr = best[right, 1:4]
+    kl = best[left, 1:4]
+    right_key_smaller = (
+        (kr[:, 0] < kl[:, 0])
+        | ((kr[:, 0] == kl[:, 0]) & (kr[:, 1] < kl[:, 1]))
+        | ((kr[:, 0] == kl[:, 0]) & (kr[:, 1] == kl[:, 1]) & (kr[:, 2] < kl[:, 2]))
+    )
+    take_right = (d_right < d_left) | ((d_right == d_left) & right_key_smaller)
+    pick = np.where(take_right, right, left)
+    return [(int(best[i, 4]), int(best[i, 3])) for i in pick]
+
+
+def stitch_labels(
+    windows: Sequence[DenseWindow], labels: Sequence[Sequence[int]], times_us: Sequence[int]
+) -> list[int]:
+    """One label per query time by eq. (22); ``labels`` holds 32 labels per window."""
+    _check_labels(windows, labels)
+    return [int(labels[p][g - 1]) for p, g in stitch_sources(windows, times_us)]
+
+
+def stitch_labels_bruteforce(
+    windows: Sequence[DenseWindow], labels: Sequence[Sequence[int]], times_us: Sequence[int]
+) -> list[tuple[int, int, int]]:
+    """Literal eq. (22) (reference for tests): ``(label, window position, group)`` per time.
+
+    For every time, every retained group (k, g) of every window is a candidate with key
+    ``(min over its frame times τ of |t - τ|, -min(g-1, 32-g), k, g)``; the lexmin wins.
+    """
+    _check_windows(windows)
+    _check_labels(windows, labels)
+    out: list[tuple[int, int, int]] = []
+    for t in times_us:
+        best_key = None
+        best = None
+        for pos, w in enumerate(windows):
+            for g in w.groups:
+                key = (
+                    min(abs(int(t) - tau) for tau in w.group_frame_times_us(g)),
+                    -min(g - 1, DENSE_GROUPS - g),
+                    w.index,
+                    g,
+                )
+                if best_key is None or key < best_key:
+                    best_key, best = key, (int(labels[pos][g - 1]), pos, g)
+        if best is None:
+            raise DenseError("no retained groups to stitch from")
+        out.append(best)
+    return out
+
+
+@dataclass(frozen=True)
+class StitchedLabel:
+    """One row of the ``dense_labels`` table before the common columns are added."""
+
+    t_us: int
+    label: int
+    reason: str
+    source_window: int
+    source_group: int
+
+
+def stitch_outputs(
+    windows: Sequence[DenseWindow], outputs: Sequence[DenseOutput], times_us: Sequence[int]
+) -> list[StitchedLabel]:
+    """Stitch parsed window outputs into per-time rows carrying label, reason and source."""
+    _check_labels(windows, [o.labels for o in outputs])
+    rows: list[StitchedLabel] = []
+    for t, (p, g) in zip(times_us, stitch_sources(windows, times_us), strict=True):
+        o = outputs[p]
+        rows.append(StitchedLabel(int(t), o.labels[g - 1], o.reasons[g - 1], windows[p].index, g))
+    return rows
+
+
+def window_targets(
+    window: DenseWindow, duration_us: int, dense_gt: Sequence[tuple[int, int, str]]
+) -> tuple[list[int], list[str]]:
+    """32 labels/reasons for one window from per-0.5 s ground truth ``(t_us, label, reason)``.
+
+    Used to render SFT targets (and by the test-double backend). Groups that start at or
+    after T see the repeated last frame (see ``docs/reward.md``) and copy the last real
+    group's label and reason, so the declared worst level is unchanged; they are never
+    retained, hence never stitched.
+    """
+    by_t = {int(t): (int(lab), str(why)) for t, lab, why in dense_gt}
+    labels: list[int] = []
+    reasons: list[str] = []
+    last: tuple[int, str] | None = None
+    for g in range(1, DENSE_GROUPS + 1):
+        s = window.group_start_us(g)
+        if s < duration_us:
+            if s not in by_t:
+                raise DenseError(f"window {window.index}: no ground-truth label at t_us={s}")
+            last = by_t[s]
+        if last is None:
+            raise DenseError(f"window {window.index} starts after the episode end")
+        labels.append(last[0])
+        reasons.append(last[1] if last[0] != 3 else "")
+    return labels, reasons
+
+
+def roundtrip_ground_truth(
+    duration_us: int, dense_gt: Sequence[tuple[int, int, str]]
+) -> list[StitchedLabel]:
+    """Oracle check: render per-window targets from ground truth, parse, stitch by eq. (22).
+
+    With a correct grammar and stitcher the result equals ``dense_gt`` exactly (same times,
+    labels and reasons); ``benchmarks/reward_oracle.py`` and the tests assert that.
+    """
+    windows = plan_windows(duration_us)
+    outs: list[DenseOutput] = []
+    for w in windows:
+        labels, reasons = window_targets(w, duration_us, dense_gt)
+        parsed = parse_dense(render_dense(labels, reasons))
+        if isinstance(parsed, Rejection):
+            raise DenseError(f"window {w.index}: rendered target rejected: {parsed.reason}")
+        outs.append(parsed)
+    return stitch_outputs(windows, outs, [int(t) for t, _, _ in dense_gt])

@@ -1,0 +1,270 @@
+"""Dense reward: DESIGN §3.7 windows, the window grammar, and eq. (22) stitching."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flora.parsing import Rejection
+from flora.reward.dense import (
+    DENSE_GROUPS,
+    DenseError,
+    DenseOutput,
+    DenseWindow,
+    group_times,
+    parse_dense,
+    plan_windows,
+    render_dense,
+    stitch_labels,
+    stitch_labels_bruteforce,
+    stitch_outputs,
+    stitch_sources,
+    window_targets,
+)
+
+S = 1_000_000
+
+
+def test_plan_windows_exactly_16_s_is_one_window():
+    ws = plan_windows(16 * S)
+    assert ws == [DenseWindow(0, 0, 16 * S, tuple(range(1, 33)))]
+
+
+def test_plan_windows_16_s_plus_1_us():
+    ws = plan_windows(16 * S + 1)
+    assert [(w.index, w.start_us, w.end_us) for w in ws] == [(0, 0, 16 * S), (1, 10 * S, 26 * S)]
+    assert ws[0].groups == tuple(range(1, 25))
+    # final window keeps groups starting before T: 10 + 0.5(g-1) < 16.000001 -> g <= 13
+    assert ws[1].groups == tuple(range(1, 14))
+
+
+def test_plan_windows_26_s():
+    ws = plan_windows(26 * S)
+    assert [(w.start_us, w.end_us) for w in ws] == [(0, 16 * S), (10 * S, 26 * S)]
+    assert ws[0].groups == tuple(range(1, 25)) and ws[1].groups == tuple(range(1, 33))
+
+
+def test_plan_windows_short_episode_is_one_window():
+    ws = plan_windows(1 * S)  # shorter than a dense window: one window, fine
+    assert len(ws) == 1 and ws[0].end_us == 16 * S and ws[0].groups == (1, 2)
+    assert plan_windows(1).__len__() == 1 and plan_windows(1)[0].groups == (1,)
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, "10", True])
+def test_plan_windows_refuses_bad_duration(bad):
+    with pytest.raises(DenseError):
+        plan_windows(bad)
+
+
+def _spec_windows(T: int) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """DESIGN §3.7 written out directly (loop k until end >= T)."""
+    out, k = [], 0
+    while True:
+        s, e = 10 * k * S, 10 * k * S + 16 * S
+        final = e >= T
+        keep = tuple(g for g in range(1, 33) if (s + (g - 1) * S // 2 < T if final else g <= 24))
+        out.append((k, s, e, keep))
+        if final:
+            return out
+        k += 1
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.integers(min_value=1, max_value=700 * S))
+def test_plan_windows_matches_spec_and_tiles(T):
+    ws = plan_windows(T)
+    assert [(w.index, w.start_us, w.end_us, w.groups) for w in ws] == _spec_windows(T)
+    # Retained groups cover every 0.5 s group start before T, and nothing past T
+    # (non-final windows overlap their successor by 2 s).
+    starts = {w.group_start_us(g) for w in ws for g in w.groups}
+    assert starts == set(range(0, T, S // 2))
+
+
+def test_group_frame_times():
+    w = plan_windows(40 * S)[2]
+    assert w.start_us == 20 * S
+    assert w.group_frame_times_us(1) == (20 * S, 20 * S + 250_000)
+    assert w.group_frame_times_us(32) == (35_500_000, 35_750_000)
+    assert len(w.frame_times_us()) == 64 and w.frame_times_us()[-1] == 35_750_000
+    assert group_times(1_200_000) == [0, 500_000, 1_000_000]
+
+
+# --------------------------------------------------------------------------- grammar
+
+
+def _labels(seed: int) -> tuple[list[int], list[str]]:
+    rng = random.Random(seed)
+    labs = [rng.choice([1, 2, 3, 3, 3]) for _ in range(DENSE_GROUPS)]
+    return labs, [("" if x == 3 else f"reason {i} for level {x}") for i, x in enumerate(labs)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dense_round_trip(seed):
+    labs, why = _labels(seed)
+    text = render_dense(labs, why)
+    out = parse_dense(text)
+    assert out == DenseOutput(min(labs), tuple(labs), tuple(why))
+    assert text.splitlines()[0] == f"worst: {min(labs)}"
+
+
+def test_dense_round_trip_all_normal():
+    out = parse_dense(render_dense([3] * 32))
+    assert isinstance(out, DenseOutput) and out.worst == 3 and set(out.reasons) == {""}
+
+
+def _rej(text: str, needle: str) -> None:
+    r = parse_dense(text)
+    assert isinstance(r, Rejection), r
+    assert needle in r.reason, r.reason
+
+
+def test_dense_rejects_31_and_33_labels():
+    lines = render_dense([3] * 32).splitlines()
+    _rej("\n".join(lines[:-1]), "expected 32 group labels, got 31")
+    _rej("\n".join([*lines, "33: 3"]), "expected 32 group labels, got 33")
+
+
+def test_dense_rejects_label_outside_1_3():
+    lines = render_dense([3] * 32).splitlines()
+    lines[5] = "5: 4 | odd"
+    _rej("\n".join(lines), "outside 1..3")
+    lines[5] = "5: 0 | odd"
+    _rej("\n".join(lines), "outside 1..3")
+    _rej("worst: 0\n" + "\n".join(f"{g}: 3" for g in range(1, 33)), "worst level")
+
+
+def test_dense_rejects_missing_reason():
+    labs = [3] * 32
+    labs[9] = 1
+    lines = render_dense(labs, ["" if x == 3 else "drop" for x in labs]).splitlines()
+    lines[10] = "10: 1"
+    _rej("\n".join(lines), "no reason")
+    lines[10] = "10: 1 |   "
+    _rej("\n".join(lines), "no reason")
+
+
+def test_dense_rejects_reason_on_normal_group():
+    lines = render_dense([3] * 32).splitlines()
+    lines[3] = "3: 3 | fine"
+    _rej("\n".join(lines), "carries a reason")
+
+
+def test_dense_rejects_declared_worst_mismatch():
+    labs = [3] * 32
+    labs[0] = 2
+    text = render_dense(labs, ["slow" if x == 2 else "" for x in labs])
+    _rej(text.replace("worst: 2", "worst: 3"), "differs from worst group label 2")
+    _rej(text.replace("worst: 2", "worst: 1"), "differs")
+
+
+def test_dense_rejects_order_and_format_errors():
+    lines = render_dense([3] * 32).splitlines()
+    swapped = lines.copy()
+    swapped[1], swapped[2] = swapped[2], swapped[1]
+    _rej("\n".join(swapped), "expected group 1")
+    _rej("\n".join(lines[1:] + lines[:1]), "worst")
+    _rej("", "empty")
+    bad = lines.copy()
+    bad[7] = "seven: 3"
+    _rej("\n".join(bad), "malformed")
+
+
+def test_render_dense_refuses_bad_targets():
+    with pytest.raises(DenseError):
+        render_dense([3] * 31)
+    with pytest.raises(DenseError):
+        render_dense([1] + [3] * 31)  # failure without a reason
+
+
+# --------------------------------------------------------------------------- eq. (22)
+
+
+def _query_times(rng: random.Random, T: int, n: int) -> list[int]:
+    """Random times plus deliberate ties: midpoints between frames, shared overlap frames,
+    group starts, and times before 0 / past T (nearest still wins)."""
+    ts = [rng.randrange(-2 * S, T + 3 * S) for _ in range(n)]
+    grid = [rng.randrange(0, T + 2 * S) // 125_000 * 125_000 for _ in range(n)]  # midpoints
+    overlap = []
+    for k in range(1, T // (10 * S) + 1):
+        base = 10 * k * S
+        overlap += [base + rng.randrange(0, 8) * 250_000, base + 1_999_999, base - 1]
+    return ts + grid + overlap[: 4 * n] + [0, T - 1, T, T + 10 * S, -1]
+
+
+def test_stitch_matches_bruteforce_on_random_episodes():
+    rng = random.Random(22)
+    durations = [S, 16 * S, 16 * S + 1, 26 * S] + [
+        int(10 ** rng.uniform(6, 8.778)) for _ in range(36)  # 1 s .. 10 min
+    ] + [600 * S]
+    for T in durations:
+        ws = plan_windows(T)
+        labels = [[rng.choice([1, 2, 3]) for _ in range(32)] for _ in ws]
+        times = _query_times(rng, T, 60)
+        fast = stitch_sources(ws, times)
+        brute = stitch_labels_bruteforce(ws, labels, times)
+        assert fast == [(p, g) for _, p, g in brute], T
+        assert stitch_labels(ws, labels, times) == [lab for lab, _, _ in brute], T
+
+
+def test_stitch_tie_breaks():
+    ws = plan_windows(30 * S)  # windows at 0, 10, 20 s
+    labels = [[1] * 32, [2] * 32, [3] * 32]
+    # t = 10 s: window 0 group 21 (edge 11) and window 1 group 1 (edge 0) share the frame;
+    # the group farther from its window edge wins -> window 0.
+    assert stitch_sources(ws, [10 * S]) == [(0, 21)]
+    # t = 10.125 s: equidistant from 10.0 and 10.25 (both group 21 of window 0) -> window 0.
+    assert stitch_sources(ws, [10_125_000]) == [(0, 21)]
+    # t = 11.875 s: between w0 g24's 11.75 frame and w0's trimmed g25 (not retained); the
+    # nearest retained frames are 11.75 (w0 g24, w1 g4) and 12.0 (w1 g5): 11.75 -> tie at
+    # distance 0.125 with 12.0: keys (-8, 0, 24) vs (-4, 1, 5) -> w0 g24.
+    assert stitch_sources(ws, [11_875_000]) == [(0, 24)]
+    # t = 12 s: only window 1 retains it (group 5).
+    assert stitch_sources(ws, [12 * S]) == [(1, 5)]
+    assert stitch_labels(ws, labels, [9 * S, 12 * S, 25 * S]) == [1, 2, 3]
+    # Past every retained group: nearest wins (last frame 29.75 s of window 2, group 20).
+    assert stitch_sources(ws, [45 * S]) == [(2, 20)]
+    assert stitch_sources(ws, [-5 * S]) == [(0, 1)]
+
+
+def test_stitch_symmetric_tie_prefers_earlier_window_and_lower_group():
+    # Two synthetic windows with the same edge distance at the same instant.
+    a = DenseWindow(3, 0, 16 * S, (2,))
+    b = DenseWindow(1, 0, 16 * S, (2,))
+    assert stitch_sources([a, b], [0]) == [(1, 2)]  # k=1 < k=3
+    c = DenseWindow(0, 0, 16 * S, (2, 31))  # g=2 and g=31 both have edge 1
+    t = c.group_start_us(2) + (c.group_start_us(31) - c.group_start_us(2) + 250_000) // 2
+    brute = stitch_labels_bruteforce([c], [[3] * 32], [t])
+    assert stitch_sources([c], [t]) == [(0, brute[0][2])]
+
+
+def test_stitch_bad_labels_are_refused():
+    ws = plan_windows(20 * S)
+    with pytest.raises(DenseError, match="2 windows but 1"):
+        stitch_labels(ws, [[3] * 32], [0])
+    with pytest.raises(DenseError, match="expected 32 labels, got 31"):
+        stitch_labels(ws, [[3] * 32, [3] * 31], [0])
+    with pytest.raises(DenseError, match="outside 1..3"):
+        stitch_labels(ws, [[3] * 32, [3] * 31 + [4]], [0])
+    assert stitch_labels(ws, [[3] * 32, [3] * 32], []) == []
+
+
+def test_stitch_outputs_carries_reason_and_source():
+    T = 20 * S
+    ws = plan_windows(T)
+    gt = [(t, 1 if 11 * S <= t < 12 * S else 3, "drop" if 11 * S <= t < 12 * S else "")
+          for t in group_times(T)]
+    outs = []
+    for w in ws:
+        labs, why = window_targets(w, T, gt)
+        o = parse_dense(render_dense(labs, why))
+        assert isinstance(o, DenseOutput)
+        outs.append(o)
+    rows = stitch_outputs(ws, outs, group_times(T))
+    assert [(r.t_us, r.label, r.reason) for r in rows] == gt
+    r11 = next(r for r in rows if r.t_us == 11 * S)
+    assert (r11.source_window, r11.source_group) == (0, 23)
+    r13 = next(r for r in rows if r.t_us == 13 * S)
+    assert (r13.source_window, r13.source_group) == (1, 7)
