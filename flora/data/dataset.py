@@ -1,0 +1,681 @@
+"""Dataset readers: LeRobot v3.0, LeRobot v2.1 and a plain folder of mp4 files.
+
+``open_dataset(path)`` detects the layout and returns a ``Dataset`` whose ``episode(i)``
+yields the shared ``Episode`` model (``flora.data.episode``). Readers validate what they
+read and raise ``FloraDataError`` naming dataset, episode, file and field.
+
+Choices (see docs/dataset.md):
+- Timestamps are stored as float seconds (float32 in LeRobot); they are converted to
+  integer µs and snapped to the ``k / fps`` grid when every value lies within 1 ms of it.
+  They must then strictly increase; they are made episode-relative (first frame = 0).
+- ``duration_us = length / fps`` (each frame presents for one period).
+- Camera roles: a key containing "wrist", "hand", "gripper" or "eye_in_hand" is the
+  wrist camera; the first other camera (preferring "top", "main", "front", "high",
+  "overhead", "image") is "main"; further cameras keep their short name as role.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from flora.data.episode import CameraStream, Episode, FloraDataError
+
+WRIST_WORDS = ("wrist", "hand", "gripper", "eye_in_hand")
+MAIN_PREF = ("top", "main", "front", "high", "overhead", "image", "video", "cam")
+SNAP_TOL_US = 1000
+
+
+def short_name(key: str) -> str:
+    """``observation.images.top`` -> ``top``."""
+    return key.rsplit(".", 1)[-1]
+
+
+def assign_roles(keys: list[str]) -> dict[str, str]:
+    """Camera key -> role ("main", "wrist", or the key's short name)."""
+    roles: dict[str, str] = {}
+    wrist = [k for k in keys if any(w in short_name(k).lower() for w in WRIST_WORDS)]
+    if wrist:
+        roles[wrist[0]] = "wrist"
+    others = [k for k in keys if k not in roles]
+
+    def pref(k: str) -> tuple[int, str]:
+        n = short_name(k).lower()
+        ranks = [i for i, w in enumerate(MAIN_PREF) if w in n]
+        return (ranks[0] if ranks else len(MAIN_PREF), k)
+
+    others_sorted = sorted([k for k in others if k not in wrist], key=pref)
+    if others_sorted:
+        roles[others_sorted[0]] = "main"
+    for k in keys:
+        roles.setdefault(k, short_name(k))
+    return roles
+
+
+def timestamps_to_us(
+    ts: np.ndarray, fps: float, *, dataset: str, episode: int, file: Path
+) -> np.ndarray:
+    """Float seconds -> episode-relative int64 µs, snapped to the frame grid, validated."""
+    ts = np.asarray(ts, dtype=np.float64).reshape(-1)
+    if len(ts) == 0:
+        raise FloraDataError(
+            "episode has no frames", dataset=dataset, episode=episode, file=file, field="timestamp"
+        )
+    if not np.all(np.isfinite(ts)):
+        raise FloraDataError(
+            "non-finite timestamp", dataset=dataset, episode=episode, file=file, field="timestamp"
+        )
+    us = np.round(ts * 1e6).astype(np.int64)
+    k = np.round(ts * fps).astype(np.int64)
+    grid = np.round(k * (1e6 / fps)).astype(np.int64)
+    if np.all(np.abs(us - grid) <= SNAP_TOL_US):
+        us = grid
+    us = us - us[0]
+    bad = np.nonzero(np.diff(us) <= 0)[0]
+    if len(bad):
+        j = int(bad[0])
+        raise FloraDataError(
+            f"timestamps not strictly increasing at frame {j + 1} ({us[j]} µs then {us[j + 1]} µs)",
+            dataset=dataset,
+            episode=episode,
+            file=file,
+            field="timestamp",
+        )
+    return us
+
+
+def _vector_column(tbl: pa.Table, name: str, n: int, **where) -> np.ndarray:
+    """A list/fixed-size-list/scalar column as (N, D) float32; absent -> (N, 0)."""
+    if name not in tbl.column_names:
+        return np.zeros((n, 0), np.float32)
+    col = tbl.column(name).combine_chunks()
+    if (
+        pa.types.is_list(col.type)
+        or pa.types.is_fixed_size_list(col.type)
+        or pa.types.is_large_list(col.type)
+    ):
+        lens = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        if len(lens) and (lens.min() != lens.max()):
+            raise FloraDataError("vector column has rows of different lengths", field=name, **where)
+        d = int(lens[0]) if len(lens) else 0
+        flat = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+        return flat.astype(np.float32).reshape(n, d)
+    return col.to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, 1)
+
+
+def _names(feat: dict | None) -> list[str]:
+    if not feat:
+        return []
+    names = feat.get("names")
+    if isinstance(names, dict):  # older LeRobot: {"motors": [...]}
+        names = [n for v in names.values() for n in (v if isinstance(v, list) else [v])]
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
+class Dataset:
+    """Common interface of every reader."""
+
+    format: str = ""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.name = root.name
+
+    # Overridden by readers ---------------------------------------------------
+    @property
+    def fps(self) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def camera_keys(self) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def episode_indices(self) -> list[int]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _load(self, i: int) -> Episode:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # Shared -----------------------------------------------------------------
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episode_indices())
+
+    @cached_property
+    def camera_roles(self) -> dict[str, str]:
+        """Camera key -> role ("main", "wrist", ...)."""
+        return assign_roles(self.camera_keys)
+
+    def episode(self, i: int) -> Episode:
+        """Load episode ``i`` (an index from ``episode_indices()``)."""
+        if isinstance(i, bool) or not isinstance(i, int | np.integer):
+            raise FloraDataError(
+                f"episode index must be an int, got {i!r}", dataset=self.name, field="episode_index"
+            )
+        if int(i) not in set(self.episode_indices()):
+            idx = self.episode_indices()
+            rng = f"{idx[0]}..{idx[-1]}" if idx else "none"
+            raise FloraDataError(
+                f"episode index out of range (dataset has {rng})",
+                dataset=self.name,
+                episode=int(i),
+                field="episode_index",
+            )
+        return self._load(int(i))
+
+    def __len__(self) -> int:
+        return self.num_episodes
+
+    def __iter__(self):
+        for i in self.episode_indices():
+            yield self.episode(i)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self.name!r}, format={self.format!r}, "
+            f"episodes={self.num_episodes}, fps={self.fps}, cameras={self.camera_keys})"
+        )
+
+
+# ----------------------------------------------------------------------------- LeRobot
+
+
+class _LeRobotBase(Dataset):
+    REQUIRED_INFO = ("codebase_version", "fps", "features", "data_path")
+
+    def __init__(self, root: Path, info: dict) -> None:
+        super().__init__(root)
+        self.info_path = root / "meta" / "info.json"
+        for k in self.REQUIRED_INFO:
+            if k not in info:
+                raise FloraDataError(
+                    "meta/info.json is missing a required key",
+                    dataset=self.name,
+                    file=self.info_path,
+                    field=k,
+                )
+        if not isinstance(info["features"], dict):
+            raise FloraDataError(
+                "features must be an object",
+                dataset=self.name,
+                file=self.info_path,
+                field="features",
+            )
+        try:
+            self._fps = float(info["fps"])
+        except (TypeError, ValueError) as e:
+            raise FloraDataError(
+                f"fps is not a number: {info['fps']!r}",
+                dataset=self.name,
+                file=self.info_path,
+                field="fps",
+            ) from e
+        if self._fps <= 0:
+            raise FloraDataError(
+                "fps must be positive", dataset=self.name, file=self.info_path, field="fps"
+            )
+        self.info = info
+        self.features: dict = info["features"]
+        self._video_keys = [
+            k for k, f in self.features.items() if isinstance(f, dict) and f.get("dtype") == "video"
+        ]
+        if self._video_keys and "video_path" not in info:
+            raise FloraDataError(
+                "meta/info.json is missing a required key",
+                dataset=self.name,
+                file=self.info_path,
+                field="video_path",
+            )
+        self.chunks_size = int(info.get("chunks_size", 1000))
+        self._tables: OrderedDict[Path, pa.Table] = OrderedDict()
+
+    @property
+    def fps(self) -> float:
+        return self._fps
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return list(self._video_keys)
+
+    def _video_size(self, key: str) -> tuple[int, int]:
+        f = self.features[key]
+        vi = f.get("info") or {}
+        h, w = vi.get("video.height"), vi.get("video.width")
+        if h is None or w is None:
+            shape = f.get("shape")
+            names = f.get("names") or ["height", "width", "channels"]
+            if not shape or len(shape) != 3:
+                raise FloraDataError(
+                    "video feature has no shape",
+                    dataset=self.name,
+                    file=self.info_path,
+                    field=f"features.{key}.shape",
+                )
+            if list(names)[:1] == ["channels"]:
+                _, h, w = shape
+            else:
+                h, w, _ = shape
+        return int(w), int(h)
+
+    def _video_fps(self, key: str) -> float:
+        vi = self.features[key].get("info") or {}
+        return float(vi.get("video.fps", self._fps))
+
+    def _read_table(self, path: Path, ep: int) -> pa.Table:
+        """Parquet read with a small LRU (v3.0 data files hold several episodes)."""
+        if path in self._tables:
+            self._tables.move_to_end(path)
+            return self._tables[path]
+        if not path.exists():
+            raise FloraDataError(
+                "data file is missing", dataset=self.name, episode=ep, file=path, field="data_path"
+            )
+        try:
+            tbl = pq.read_table(path)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise FloraDataError(
+                f"unreadable parquet ({e})",
+                dataset=self.name,
+                episode=ep,
+                file=path,
+                field="data_path",
+            ) from e
+        self._tables[path] = tbl
+        while len(self._tables) > 2:
+            self._tables.popitem(last=False)
+        return tbl
+
+    def _episode_from_rows(
+        self, i: int, rows: pa.Table, length: int, task: str, cams: dict, path: Path
+    ) -> Episode:
+        where = dict(dataset=self.name, episode=i, file=path)
+        if length <= 0:
+            raise FloraDataError("zero-length episode", field="length", **where)
+        if rows.num_rows == 0:
+            raise FloraDataError("episode has no data rows", field="episode_index", **where)
+        if rows.num_rows != length:
+            raise FloraDataError(
+                f"episode has {rows.num_rows} data rows but length {length}",
+                field="length",
+                **where,
+            )
+        if "frame_index" in rows.column_names:
+            rows = rows.sort_by("frame_index")
+        if "timestamp" not in rows.column_names:
+            raise FloraDataError("data file has no timestamp column", field="timestamp", **where)
+        ts = timestamps_to_us(rows.column("timestamp").to_numpy(), self._fps, **where)
+        n = rows.num_rows
+        return Episode(
+            dataset=self.name,
+            index=i,
+            task=task,
+            fps=self._fps,
+            duration_us=int(round(length * 1e6 / self._fps)),
+            timestamps_us=ts,
+            state=_vector_column(rows, "observation.state", n, **where),
+            action=_vector_column(rows, "action", n, **where),
+            cameras=cams,
+            state_names=_names(self.features.get("observation.state")),
+            action_names=_names(self.features.get("action")),
+        )
+
+
+class LeRobotV30Dataset(_LeRobotBase):
+    """LeRobot v3.0: episodes concatenated in shared data and video files."""
+
+    format = "lerobot_v3.0"
+
+    def __init__(self, root: Path, info: dict) -> None:
+        super().__init__(root, info)
+        files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+        if not files:
+            raise FloraDataError(
+                "no episode metadata",
+                dataset=self.name,
+                file=root / "meta" / "episodes",
+                field="episodes",
+            )
+        frames = []
+        for f in files:
+            try:
+                frames.append(pd.read_parquet(f))
+            except (pa.ArrowInvalid, OSError) as e:
+                raise FloraDataError(
+                    f"unreadable episode metadata ({e})",
+                    dataset=self.name,
+                    file=f,
+                    field="episodes",
+                ) from e
+        eps = pd.concat(frames, ignore_index=True)
+        need = ["episode_index", "length", "data/chunk_index", "data/file_index"]
+        for key in self._video_keys:
+            need += [
+                f"videos/{key}/{c}"
+                for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+            ]
+        for c in need:
+            if c not in eps.columns:
+                raise FloraDataError(
+                    "episode metadata column missing", dataset=self.name, file=files[0], field=c
+                )
+        if eps.episode_index.duplicated().any():
+            dup = int(eps.episode_index[eps.episode_index.duplicated()].iloc[0])
+            raise FloraDataError(
+                "duplicate episode in metadata",
+                dataset=self.name,
+                episode=dup,
+                file=files[0],
+                field="episode_index",
+            )
+        self.episodes_meta = eps.set_index("episode_index", drop=False).sort_index()
+        self._ep_file = files[0]
+        self._tasks = self._read_tasks()
+
+    def _read_tasks(self) -> dict[int, str]:
+        p = self.root / "meta" / "tasks.parquet"
+        if not p.exists():
+            return {}
+        df = pd.read_parquet(p)
+        if "task" in df.columns:
+            return {int(i): str(t) for i, t in zip(df.task_index, df.task, strict=True)}
+        return {int(i): str(t) for t, i in zip(df.index, df.task_index, strict=True)}
+
+    def episode_indices(self) -> list[int]:
+        return [int(i) for i in self.episodes_meta.index]
+
+    def _load(self, i: int) -> Episode:
+        m = self.episodes_meta.loc[i]
+        dc, df_ = int(m["data/chunk_index"]), int(m["data/file_index"])
+        path = self.root / self.info["data_path"].format(chunk_index=dc, file_index=df_)
+        tbl = self._read_table(path, i)
+        if "episode_index" not in tbl.column_names:
+            raise FloraDataError(
+                "data file has no episode_index column",
+                dataset=self.name,
+                episode=i,
+                file=path,
+                field="episode_index",
+            )
+        rows = tbl.filter(pc.equal(tbl.column("episode_index"), i))
+        tasks = m.get("tasks") if "tasks" in m.index else None
+        if tasks is not None and len(tasks):
+            task = "; ".join(str(t) for t in tasks)
+        elif "task_index" in rows.column_names and rows.num_rows:
+            task = self._tasks.get(int(rows.column("task_index")[0].as_py()), "")
+        else:
+            task = ""
+        length = int(m["length"])
+        cams = {}
+        roles = self.camera_roles
+        for key in self._video_keys:
+            vc, vf = int(m[f"videos/{key}/chunk_index"]), int(m[f"videos/{key}/file_index"])
+            vp = self.root / self.info["video_path"].format(
+                video_key=key, chunk_index=vc, file_index=vf
+            )
+            if not vp.exists():
+                raise FloraDataError(
+                    "camera file is missing", dataset=self.name, episode=i, file=vp, field=key
+                )
+            t0 = int(round(float(m[f"videos/{key}/from_timestamp"]) * 1e6))
+            t1 = int(round(float(m[f"videos/{key}/to_timestamp"]) * 1e6))
+            if not t1 > t0 >= 0:
+                raise FloraDataError(
+                    f"bad video span [{t0}, {t1}) µs",
+                    dataset=self.name,
+                    episode=i,
+                    file=self._ep_file,
+                    field=f"videos/{key}/to_timestamp",
+                )
+            w, h = self._video_size(key)
+            cams[key] = CameraStream(key, roles[key], vp, t0, t1, self._video_fps(key), w, h)
+        return self._episode_from_rows(i, rows, length, task, cams, path)
+
+
+class LeRobotV21Dataset(_LeRobotBase):
+    """LeRobot v2.x: one parquet and one mp4 per episode, jsonl metadata."""
+
+    format = "lerobot_v2.1"
+
+    def __init__(self, root: Path, info: dict) -> None:
+        super().__init__(root, info)
+        p = root / "meta" / "episodes.jsonl"
+        self._ep_file = p
+        if not p.exists():
+            raise FloraDataError(
+                "episode metadata missing", dataset=self.name, file=p, field="episodes"
+            )
+        self.episodes_meta: dict[int, dict] = {}
+        for ln, line in enumerate(p.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                idx = int(d["episode_index"])
+                int(d["length"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise FloraDataError(
+                    f"bad episodes.jsonl line {ln} ({e})",
+                    dataset=self.name,
+                    file=p,
+                    field="episode_index/length",
+                ) from e
+            self.episodes_meta[idx] = d
+        self._tasks: dict[int, str] = {}
+        tp = root / "meta" / "tasks.jsonl"
+        if tp.exists():
+            for line in tp.read_text().splitlines():
+                if line.strip():
+                    d = json.loads(line)
+                    self._tasks[int(d["task_index"])] = str(d["task"])
+
+    def episode_indices(self) -> list[int]:
+        return sorted(self.episodes_meta)
+
+    def _load(self, i: int) -> Episode:
+        m = self.episodes_meta[i]
+        chunk = i // self.chunks_size
+        path = self.root / self.info["data_path"].format(episode_chunk=chunk, episode_index=i)
+        rows = self._read_table(path, i)
+        if "episode_index" in rows.column_names:
+            rows = rows.filter(pc.equal(rows.column("episode_index"), i))
+        tasks = m.get("tasks") or []
+        task = "; ".join(str(t) for t in tasks)
+        if not task and "task_index" in rows.column_names and rows.num_rows:
+            task = self._tasks.get(int(rows.column("task_index")[0].as_py()), "")
+        length = int(m["length"])
+        cams = {}
+        roles = self.camera_roles
+        dur = int(round(length * 1e6 / self._fps))
+        for key in self._video_keys:
+            vp = self.root / self.info["video_path"].format(
+                episode_chunk=chunk, video_key=key, episode_index=i
+            )
+            if not vp.exists():
+                raise FloraDataError(
+                    "camera file is missing", dataset=self.name, episode=i, file=vp, field=key
+                )
+            w, h = self._video_size(key)
+            cams[key] = CameraStream(key, roles[key], vp, 0, dur, self._video_fps(key), w, h)
+        return self._episode_from_rows(i, rows, length, task, cams, path)
+
+
+# ----------------------------------------------------------------------------- mp4 folder
+
+_KNOWN_CAMS = {
+    "main",
+    "top",
+    "wrist",
+    "front",
+    "side",
+    "left",
+    "right",
+    "hand",
+    "gripper",
+    "high",
+    "low",
+    "overhead",
+    "cam",
+    "camera",
+    "external",
+    "ego",
+}
+
+
+class Mp4FolderDataset(Dataset):
+    """A folder of mp4 files: one episode per file, or ``<name>.<camera>.mp4`` groups.
+
+    A file ``a.b.mp4`` is camera ``b`` of episode ``a`` when another file shares the stem
+    ``a`` or ``b`` is a common camera word (top, wrist, front, ...); otherwise the whole
+    name is the episode and its single camera key is ``video``. Episodes are indexed in
+    sorted name order. There is no state/action: those arrays have zero columns.
+    """
+
+    format = "mp4_folder"
+
+    def __init__(self, root: Path, files: list[Path]) -> None:
+        super().__init__(root)
+        stems: dict[str, int] = {}
+        for f in files:
+            base = f.name[:-4]
+            if "." in base:
+                stems[base.rsplit(".", 1)[0]] = stems.get(base.rsplit(".", 1)[0], 0) + 1
+        groups: dict[str, dict[str, Path]] = {}
+        for f in files:
+            base = f.name[:-4]
+            if "." in base:
+                stem, cam = base.rsplit(".", 1)
+                if stems.get(stem, 0) > 1 or cam.lower() in _KNOWN_CAMS:
+                    groups.setdefault(stem, {})[cam] = f
+                    continue
+            groups.setdefault(base, {})["video"] = f
+        self.names = sorted(groups)
+        self.files = groups
+        keys = sorted({k for g in groups.values() for k in g})
+        self._keys = keys
+        self._fps_cache: float | None = None
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return list(self._keys)
+
+    @property
+    def fps(self) -> float:
+        if self._fps_cache is None:
+            from flora.data.video import probe
+
+            first = next(iter(self.files[self.names[0]].values()))
+            self._fps_cache = probe(first, dataset=self.name, episode=0).fps
+        return self._fps_cache
+
+    def episode_indices(self) -> list[int]:
+        return list(range(len(self.names)))
+
+    def episode_name(self, i: int) -> str:
+        return self.names[i]
+
+    def _load(self, i: int) -> Episode:
+        from flora.data.video import open_video, packet_index
+
+        cams: dict[str, CameraStream] = {}
+        roles = self.camera_roles
+        main_ts: np.ndarray | None = None
+        fps = None
+        for key, path in sorted(self.files[self.names[i]].items()):
+            with open_video(path, dataset=self.name, episode=i, field=key) as c:
+                vs = c.streams.video[0]
+                rate = vs.average_rate or vs.guessed_rate
+                try:
+                    pts, _, _, _ = packet_index(c)
+                except Exception as e:  # noqa: BLE001 - any demux failure is bad input
+                    raise FloraDataError(
+                        f"unreadable video ({e})",
+                        dataset=self.name,
+                        episode=i,
+                        file=path,
+                        field=key,
+                    ) from e
+                w, h = int(vs.codec_context.width), int(vs.codec_context.height)
+            if not pts or not rate:
+                raise FloraDataError(
+                    "zero-length video", dataset=self.name, episode=i, file=path, field="length"
+                )
+            ts = np.asarray(pts, dtype=np.int64)
+            ts = ts - ts[0]
+            if len(ts) > 1 and np.any(np.diff(ts) <= 0):
+                raise FloraDataError(
+                    "frame timestamps not strictly increasing",
+                    dataset=self.name,
+                    episode=i,
+                    file=path,
+                    field="timestamp",
+                )
+            period = int(round(1e6 / float(rate)))
+            end = int(ts[-1]) + period
+            cams[key] = CameraStream(key, roles[key], path, 0, end, float(rate), w, h)
+            if main_ts is None or roles[key] == "main":
+                main_ts, fps = ts, float(rate)
+        assert main_ts is not None and fps is not None
+        n = len(main_ts)
+        dur = max(c.file_end_us for c in cams.values())
+        return Episode(
+            dataset=self.name,
+            index=i,
+            task="",
+            fps=fps,
+            duration_us=dur,
+            timestamps_us=main_ts,
+            state=np.zeros((n, 0), np.float32),
+            action=np.zeros((n, 0), np.float32),
+            cameras=cams,
+        )
+
+
+# ----------------------------------------------------------------------------- entry
+
+
+def open_dataset(path: str | Path) -> Dataset:
+    """Open a dataset, auto-detecting LeRobot v3.0, LeRobot v2.1 or a plain mp4 folder."""
+    root = Path(path)
+    if not root.exists():
+        raise FloraDataError("dataset path does not exist", dataset=root.name, file=root)
+    info_path = root / "meta" / "info.json"
+    if info_path.exists():
+        try:
+            info = json.loads(info_path.read_text())
+        except json.JSONDecodeError as e:
+            raise FloraDataError(
+                f"meta/info.json is not valid JSON ({e})", dataset=root.name, file=info_path
+            ) from e
+        if not isinstance(info, dict) or "codebase_version" not in info:
+            raise FloraDataError(
+                "meta/info.json is missing a required key",
+                dataset=root.name,
+                file=info_path,
+                field="codebase_version",
+            )
+        v = str(info["codebase_version"])
+        if re.fullmatch(r"v3\.\d+", v):
+            return LeRobotV30Dataset(root, info)
+        if re.fullmatch(r"v2\.\d+", v):
+            return LeRobotV21Dataset(root, info)
+        raise FloraDataError(
+            f"unsupported LeRobot codebase_version {v!r}",
+            dataset=root.name,
+            file=info_path,
+            field="codebase_version",
+        )
+    files = sorted(p for p in root.glob("*.mp4") if p.is_file())
+    if files:
+        return Mp4FolderDataset(root, files)
+    raise FloraDataError(
+        "not a dataset: no meta/info.json and no *.mp4 files", dataset=root.name, file=root
+    )

@@ -1,0 +1,190 @@
+"""Small PyAV helpers: a deterministic H.264 writer and a stream probe.
+
+Decoding for sampling lives in ``flora.data.frames``; this module only writes files and
+reads container-level facts (size, rate, packet timestamps, keyframes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+from av.video.frame import PictureType
+
+from flora.data.episode import FloraDataError
+
+
+class VideoWriter:
+    """Encode RGB frames to H.264/yuv420p MP4, deterministically (one encoder thread).
+
+    ``gop`` is the keyframe interval in frames (scene-cut keyframes are disabled so the
+    structure is predictable); ``add(..., keyframe=True)`` forces an IDR frame, used at
+    every episode start so a concatenated v3.0 file can be cut per episode.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        fps: int,
+        width: int,
+        height: int,
+        *,
+        gop: int = 10,
+        crf: int = 23,
+        preset: str = "veryfast",
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.container = av.open(str(self.path), "w", format="mp4")
+        st = self.container.add_stream("libx264", rate=fps)
+        st.width, st.height, st.pix_fmt = width, height, "yuv420p"
+        st.codec_context.thread_count = 1  # determinism: same bytes for the same frames
+        st.options = {
+            "preset": preset,
+            "crf": str(crf),
+            "threads": "1",
+            "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0",
+        }
+        self.stream = st
+        self.n = 0
+
+    def add(self, img: np.ndarray, *, keyframe: bool = False) -> None:
+        """Append one (H, W, 3) uint8 RGB frame."""
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
+        frame.pts = self.n
+        if keyframe:
+            frame.pict_type = PictureType.I
+        for pkt in self.stream.encode(frame):
+            self.container.mux(pkt)
+        self.n += 1
+
+    def close(self) -> None:
+        """Flush the encoder and finalise the file."""
+        for pkt in self.stream.encode():
+            self.container.mux(pkt)
+        self.container.close()
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def ts_to_us(ts: int, time_base: Fraction) -> int:
+    """Stream timestamp to integer microseconds (exact integer arithmetic, half up)."""
+    q = int(ts) * time_base.numerator * 1_000_000
+    d = time_base.denominator
+    return (2 * q + d) // (2 * d)
+
+
+def us_to_ts(us: int, time_base: Fraction) -> int:
+    """Integer microseconds to the nearest stream timestamp."""
+    return int(round(Fraction(us, 1_000_000) / time_base))
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """Container facts of the first video stream of a file."""
+
+    width: int
+    height: int
+    fps: float
+    time_base: Fraction
+    start_us: int
+    n_frames: int
+    duration_us: int
+
+
+def open_video(path: Path, *, dataset: str | None = None, episode=None, field=None):
+    """Open an mp4 for reading; any failure becomes a FloraDataError naming the file."""
+    if not path.exists():
+        raise FloraDataError(
+            "camera file is missing", dataset=dataset, episode=episode, file=path, field=field
+        )
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, OSError) as e:
+        raise FloraDataError(
+            f"unreadable video ({type(e).__name__}: {e})",
+            dataset=dataset,
+            episode=episode,
+            file=path,
+            field=field,
+        ) from e
+    if not container.streams.video:
+        container.close()
+        raise FloraDataError(
+            "file has no video stream", dataset=dataset, episode=episode, file=path, field=field
+        )
+    return container
+
+
+def probe(path: Path, *, dataset: str | None = None, episode=None, field=None) -> StreamInfo:
+    """Read size, rate, frame count and duration of a file's video stream."""
+    with open_video(path, dataset=dataset, episode=episode, field=field) as c:
+        vs = c.streams.video[0]
+        tb = vs.time_base
+        rate = vs.average_rate or vs.guessed_rate
+        if not rate:
+            raise FloraDataError(
+                "video stream has no frame rate",
+                dataset=dataset,
+                episode=episode,
+                file=path,
+                field=field,
+            )
+        start = ts_to_us(vs.start_time or 0, tb)
+        n = int(vs.frames or 0)
+        if vs.duration is not None:
+            dur = ts_to_us(vs.duration, tb)
+        else:
+            dur = int(round(n * 1_000_000 / float(rate)))
+        return StreamInfo(
+            int(vs.codec_context.width),
+            int(vs.codec_context.height),
+            float(rate),
+            tb,
+            start,
+            n,
+            dur,
+        )
+
+
+def packet_index(
+    container, start_us: int = 0, end_us: int | None = None
+) -> tuple[list[int], list[int], Fraction, int]:
+    """Presentation timestamps (µs, file-relative) of every packet in ``[start, end)``.
+
+    Demuxes only (no decoding), so it costs I/O, not CPU. Returns (sorted pts_us,
+    keyframe pts_us, time_base, stream start µs). With ``start_us`` > 0 it first seeks
+    to the keyframe at or before ``start_us``.
+    """
+    vs = container.streams.video[0]
+    tb = vs.time_base
+    s0 = ts_to_us(vs.start_time or 0, tb)
+    if start_us > 0:
+        container.seek(us_to_ts(start_us + s0, tb), stream=vs, backward=True, any_frame=False)
+    pts: list[int] = []
+    keys: list[int] = []
+    # Inlined integer conversion: this loop runs once per packet of the span.
+    num, den = tb.numerator * 2_000_000, 2 * tb.denominator
+    half = tb.denominator
+    for pkt in container.demux(vs):
+        p = pkt.pts
+        if p is None:
+            continue
+        t = (p * num + half) // den - s0
+        if end_us is not None and t >= end_us:
+            dts = pkt.dts
+            if dts is None or (dts * num + half) // den - s0 >= end_us:
+                break
+        pts.append(t)
+        if pkt.is_keyframe:
+            keys.append(t)
+    pts.sort()
+    keys.sort()
+    return pts, keys, tb, s0

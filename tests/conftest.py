@@ -1,0 +1,63 @@
+"""Shared test setup: offline/headless env and the session-wide tiny toy dataset."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Tests run offline and headless on every machine.
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+TINY_SEED = 7
+TINY_DURATIONS_S = (6.0, 14.0, 26.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """Root of a tiny LeRobot v3.0 toy-world dataset (3 episodes: 6 s, 14 s, 26 s).
+
+    Two cameras (top "main" 96x96, "wrist" 96x96), 20 fps, two episodes per video file,
+    ground truth under ``<root>/ground_truth``. Episode 0 is a clean success, episode 1
+    has a missed grasp, episode 2 a collision and a hesitation. Treat it as read-only
+    (copy it to damage it).
+    """
+    from flora.data.synth import generate
+
+    root = tmp_path_factory.mktemp("tiny") / "toy_tiny"
+    return generate(
+        root,
+        episodes=len(TINY_DURATIONS_S),
+        seed=TINY_SEED,
+        durations_s=TINY_DURATIONS_S,
+        episodes_per_file=2,
+        progress=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory):
+    """Factory ``tiny_vlm_dir(family="qwen3_vl") -> Path`` of a tiny random Qwen-VL checkpoint.
+
+    Families: ``qwen3_vl``, ``qwen2_5_vl``, ``qwen3_5``. Each is built offline (a few
+    seconds) at most once per session and shared by every test that asks for it; loads via
+    ``AutoModelForImageTextToText`` / ``flora.backends.processing.load_processor``. Treat it
+    as read-only (copy it to change it).
+    """
+    from pathlib import Path
+
+    from flora.backends.tiny import build_tiny_vlm
+
+    root = tmp_path_factory.mktemp("tiny_vlm")
+    cache: dict[str, Path] = {}
+
+    def make(family: str = "qwen3_vl") -> Path:
+        if family not in cache:
+            cache[family] = build_tiny_vlm(root / family, family=family)
+        return cache[family]
+
+    return make
