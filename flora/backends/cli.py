@@ -1,0 +1,65 @@
+"""``flora serve`` and ``flora tiny-model`` commands."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+from flora.settings import get_settings
+
+
+def serve_cmd(
+    model: str = typer.Option(None, "--model", help="Checkpoint dir or hub id (FLORA_MODEL_PATH)."),
+    adapter: str = typer.Option(None, "--adapter", help="PEFT adapter dir (FLORA_ADAPTER_PATH)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8000, "--port"),
+    token: str = typer.Option(
+        None, "--token", envvar="FLORA_SERVE_TOKEN", help="Require 'Authorization: Bearer T'."
+    ),
+    served_model: str = typer.Option(None, "--served-model", help="Model name clients send."),
+    device: str = typer.Option(None, "--device", help="auto | cpu | cuda[:N] (FLORA_DEVICE)."),
+    batch_size: int = typer.Option(8, "--batch-size", min=1),
+    fail_first: int = typer.Option(0, "--fail-first", hidden=True),
+    fail_marker: str = typer.Option(None, "--fail-marker", hidden=True),
+    delay_first: int = typer.Option(0, "--delay-first", hidden=True),
+    delay_s: float = typer.Option(0.0, "--delay-s", hidden=True),
+) -> None:
+    """Serve a VLM over an OpenAI-compatible HTTP API (chat completions with logprobs)."""
+    from flora.backends.server import Faults, serve
+
+    s = get_settings()
+    model = model or s.model_path
+    if not model:
+        raise typer.BadParameter("no model: pass --model or set FLORA_MODEL_PATH")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    serve(
+        model,
+        adapter=adapter or s.adapter_path,
+        host=host,
+        port=port,
+        token=token,
+        served_model=served_model or s.openai_model,
+        device=device or s.device,
+        batch_size=batch_size,
+        faults=Faults(fail_first, fail_marker, delay_first, delay_s),
+    )
+
+
+def tiny_model_cmd(
+    out: Path = typer.Option(..., "--out", help="Directory to write the checkpoint to."),
+    family: str = typer.Option("qwen3_vl", "--family", help="qwen3_vl | qwen2_5_vl | qwen3_5"),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Build a tiny random-initialised Qwen-VL checkpoint (offline, seconds)."""
+    from flora.backends.tiny import build_tiny_vlm
+
+    path = build_tiny_vlm(out, family=family, seed=seed)
+    typer.echo(str(path))
+
+
+def register(app: typer.Typer, eval_app: typer.Typer) -> None:
+    """Add the backend commands to the ``flora`` CLI."""
+    app.command("serve")(serve_cmd)
+    app.command("tiny-model")(tiny_model_cmd)

@@ -1,0 +1,249 @@
+"""In-process TransformersBackend: batching, logprobs, LoRA, model_version, make_backend."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from backend_helpers import frames
+from transformers.utils import is_torchvision_available
+
+from flora.backends import BackendError, VLMBackend, VLMRequest, make_backend
+from flora.backends.processing import render_prompt, request_to_chat
+from flora.backends.transformers_backend import TransformersBackend, fingerprint_dir
+from flora.settings import FloraSettings
+
+
+def _reqs(max_new: int = 8, top: int = 3) -> list[VLMRequest]:
+    # Different image counts and prompt lengths: left padding really happens.
+    return [
+        VLMRequest(
+            prompt=p,
+            images=frames(k, seed=k),
+            frame_times_us=[250_000 * i for i in range(k)] if k else None,
+            max_new_tokens=max_new,
+            top_logprobs=top,
+            request_id=f"r{k}",
+        )
+        for k, p in [(0, "hi"), (1, "segment this window"), (3, "score"), (4, "caption it")]
+    ]
+
+
+def _teacher_forced_logprobs(backend: TransformersBackend, req: VLMRequest, ids: list[int]):
+    """Log-softmax of the model's logits at each generated position, by one forward pass."""
+    chat = request_to_chat(req, "images")
+    prompt = render_prompt(backend.processor, chat)
+    enc = backend.processor(text=[prompt], images=chat.images() or None, return_tensors="pt")
+    n = enc["input_ids"].shape[1]
+    full = torch.cat([enc["input_ids"], torch.tensor([ids])], dim=1)
+    enc["input_ids"] = full
+    enc["attention_mask"] = torch.ones_like(full)
+    enc["mm_token_type_ids"] = torch.cat(
+        [enc["mm_token_type_ids"], torch.zeros(1, len(ids), dtype=enc["mm_token_type_ids"].dtype)],
+        dim=1,
+    )
+    with torch.no_grad():
+        logits = backend.model(**enc).logits[0, n - 1 : n - 1 + len(ids)]
+    return torch.log_softmax(logits.float(), -1)
+
+
+def test_is_a_vlm_backend(tiny_backend):
+    assert isinstance(tiny_backend, VLMBackend)
+    assert tiny_backend.name == "transformers"
+    assert len(tiny_backend.model_version) == 16
+
+
+def test_greedy_logprobs_match_a_teacher_forced_forward_pass(tiny_backend):
+    req = _reqs()[2]
+    (resp,) = tiny_backend.generate([req])
+    assert resp.ok and resp.model == tiny_backend.model_version
+    assert 1 <= len(resp.logprobs) <= req.max_new_tokens
+    # Re-encoding decoded text need not give the generated ids; generate_chats exposes them.
+    (gen,) = tiny_backend.generate_chats([request_to_chat(req, "images")])
+    ids = gen.token_ids
+    assert gen.text == resp.text and len(ids) == len(resp.logprobs)
+    lp = _teacher_forced_logprobs(tiny_backend, req, ids)
+    for t, (tok_id, rec) in enumerate(zip(ids, resp.logprobs, strict=True)):
+        assert rec.logprob == pytest.approx(float(lp[t, tok_id]), abs=1e-4)
+        # Greedy: the chosen token is the argmax, so it tops the alternatives.
+        assert tok_id == int(lp[t].argmax())
+        # top_logprobs: the 3 likeliest ids, decoded; ids decoding to the same string
+        # (partial UTF-8 bytes -> "\ufffd") keep the likelier one.
+        v3, i3 = lp[t].topk(3)
+        want: dict[str, float] = {}
+        for v, i in zip(v3.tolist(), i3.tolist(), strict=True):
+            want.setdefault(tiny_backend.tokenizer.decode([i]), v)
+        assert rec.top.keys() == want.keys()
+        assert list(rec.top.values()) == pytest.approx(list(want.values()), abs=1e-4)
+        assert max(rec.top.values()) == pytest.approx(rec.logprob, abs=1e-4)
+        vals = list(rec.top.values())
+        assert vals == sorted(vals, reverse=True)
+        assert all(v <= 0 for v in vals)
+    assert tiny_backend.tokenizer.decode(ids, skip_special_tokens=True) == resp.text
+
+
+def test_batched_equals_one_at_a_time(tiny_backend):
+    reqs = _reqs()
+    batched = tiny_backend.generate(reqs)
+    single = [tiny_backend.generate([r])[0] for r in reqs]
+    assert len({r.text for r in batched}) > 1  # the tiny model's output depends on input
+    for b, s in zip(batched, single, strict=True):
+        assert b.ok and s.ok
+        assert b.text == s.text
+        assert len(b.logprobs) == len(s.logprobs)
+        for x, y in zip(b.logprobs, s.logprobs, strict=True):
+            assert x.token == y.token
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-3)
+
+
+def test_bad_request_is_an_error_response_and_the_rest_completes(tiny_backend):
+    import numpy as np
+
+    reqs = _reqs(max_new=4, top=0)
+    bad = [
+        VLMRequest(prompt="x", images=[np.zeros((8, 8), np.uint8)], request_id="gray"),
+        VLMRequest(prompt="x", images=frames(2), frame_times_us=[0], request_id="times"),
+        VLMRequest(prompt="x", images=[np.zeros((8, 8, 3), np.float32)], request_id="dtype"),
+    ]
+    out = tiny_backend.generate([reqs[0], bad[0], reqs[1], bad[1], bad[2]])
+    assert out[0].ok and out[2].ok and out[0].text and out[2].text
+    assert "gray" in out[1].error and "(H, W, 3)" in out[1].error
+    assert "times" in out[3].error and "frame_times_us" in out[3].error
+    assert "dtype" in out[4].error and "uint8" in out[4].error
+    assert all(r.text == "" for r in (out[1], out[3], out[4]))
+    assert out[0].logprobs and all(lp.top == {} for lp in out[0].logprobs)
+
+
+def test_max_new_tokens_and_mixed_settings_in_one_call(tiny_backend):
+    reqs = [
+        VLMRequest(prompt="a", max_new_tokens=2),
+        VLMRequest(prompt="b", max_new_tokens=7, top_logprobs=1),
+        VLMRequest(prompt="c", max_new_tokens=1, temperature=0.7),
+    ]
+    out = tiny_backend.generate(reqs)
+    assert [len(r.logprobs) <= m.max_new_tokens for r, m in zip(out, reqs, strict=True)] == [
+        True
+    ] * 3
+    assert all(len(lp.top) == 1 for lp in out[1].logprobs)
+
+
+def test_sampling_is_seeded_and_reports_raw_logprobs(tiny_model):
+    b = TransformersBackend(tiny_model, device="cpu", seed=7)
+    req = VLMRequest(prompt="sample me", temperature=1.5, max_new_tokens=6, top_logprobs=2)
+    first = b.generate([req, req, req])
+    again = b.generate([req, req, req])
+    assert [r.text for r in first] == [r.text for r in again]  # seeded: reproducible
+    assert len({r.text for r in first}) > 1  # sampled: the three draws differ
+    (gen,) = b.generate_chats([request_to_chat(req, "images")])
+    lp = _teacher_forced_logprobs(b, req, gen.token_ids)
+    # Reported logprobs are the raw model's (temperature 1), not the tempered ones.
+    for t, (tid, rec) in enumerate(zip(gen.token_ids, gen.logprobs, strict=True)):
+        assert rec.logprob == pytest.approx(float(lp[t, tid]), abs=1e-4)
+
+
+def test_lora_adapter_is_applied(tiny_model, lora_dir, tiny_backend):
+    merged = TransformersBackend(tiny_model, adapter_path=lora_dir, device="cpu")
+    unmerged = TransformersBackend(
+        tiny_model, adapter_path=lora_dir, device="cpu", merge_adapter=False
+    )
+    assert merged.model_version.startswith(tiny_backend.model_version + "+lora-")
+    assert merged.model_version == unmerged.model_version
+    reqs = _reqs(max_new=6)
+    base = tiny_backend.generate(reqs)
+    a, u = merged.generate(reqs), unmerged.generate(reqs)
+    # The adapter changes the model: the first-token distributions differ.
+    diffs = [
+        abs(x.logprobs[0].logprob - y.logprobs[0].logprob) for x, y in zip(base, a, strict=True)
+    ]
+    assert max(diffs) > 1e-3
+    # Merging the adapter into the weights does not change what it computes.
+    for x, y in zip(a, u, strict=True):
+        assert x.text == y.text
+        for p, q in zip(x.logprobs, y.logprobs, strict=True):
+            assert p.logprob == pytest.approx(q.logprob, abs=1e-3)
+
+
+def test_model_version_tracks_content(tiny_model, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model, copy)
+    assert fingerprint_dir(copy) == fingerprint_dir(tiny_model)
+    cfg = copy / "generation_config.json"
+    cfg.write_text(cfg.read_text().replace('"do_sample": false', '"do_sample": false '))
+    assert fingerprint_dir(copy) != fingerprint_dir(tiny_model)
+    # Large-directory mode (partial hashing) still sees a change in a weight file's header.
+    w = copy / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    h1 = fingerprint_dir(copy, full_limit=0)
+    data[-1] ^= 0xFF
+    w.write_bytes(bytes(data))
+    assert fingerprint_dir(copy, full_limit=0) != h1
+
+
+def test_video_input_mode(tiny_model):
+    if is_torchvision_available():
+        b = TransformersBackend(tiny_model, device="cpu", vision_input="video")
+        req = VLMRequest(
+            prompt="v", images=frames(4), frame_times_us=[0, 250_000, 500_000, 750_000]
+        )
+        (r,) = b.generate([req])
+        assert r.ok, r.error
+    else:  # documented: video input needs the checkpoint's video processor (torchvision)
+        with pytest.raises(BackendError, match="torchvision"):
+            TransformersBackend(tiny_model, device="cpu", vision_input="video")
+
+
+def test_make_backend_selects_by_settings(tiny_model, lora_dir):
+    from flora.backends.openai_backend import OpenAIBackend
+
+    assert make_backend(FloraSettings(backend="kinematic")) is None
+    tb = make_backend(
+        FloraSettings(backend="transformers", model_path=str(tiny_model), device="cpu")
+    )
+    assert isinstance(tb, TransformersBackend) and tb.adapter_path is None
+    tl = make_backend(
+        FloraSettings(
+            backend="transformers",
+            model_path=str(tiny_model),
+            adapter_path=str(lora_dir),
+            device="cpu",
+        )
+    )
+    assert "+lora-" in tl.model_version
+    ob = make_backend(
+        FloraSettings(
+            backend="openai",
+            openai_base_url="http://127.0.0.1:9/v1",
+            openai_api_key="k",
+            openai_model="m",
+            request_timeout_s=3.5,
+            max_retries=2,
+            max_concurrency=5,
+        )
+    )
+    assert isinstance(ob, OpenAIBackend)
+    assert (ob.base_url, ob.model, ob.timeout_s, ob.max_retries, ob.max_concurrency) == (
+        "http://127.0.0.1:9/v1",
+        "m",
+        3.5,
+        2,
+        5,
+    )
+    with pytest.raises(BackendError, match="FLORA_MODEL_PATH"):
+        make_backend(FloraSettings(backend="transformers"))
+    with pytest.raises(BackendError, match="FLORA_OPENAI_BASE_URL"):
+        make_backend(FloraSettings(backend="openai"))
+
+
+def test_make_backend_reads_env(monkeypatch, tiny_model):
+    from flora.settings import get_settings
+
+    monkeypatch.setenv("FLORA_BACKEND", "transformers")
+    monkeypatch.setenv("FLORA_MODEL_PATH", str(tiny_model))
+    monkeypatch.setenv("FLORA_DEVICE", "cpu")
+    get_settings.cache_clear()
+    try:
+        b = make_backend()
+        assert isinstance(b, TransformersBackend) and b.model_path == str(tiny_model)
+    finally:
+        get_settings.cache_clear()
