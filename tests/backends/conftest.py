@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from backend_helpers import FAIL_MARKER, TOKEN, Server, start_server, stop_server
+from tests.backends.backend_helpers import FAIL_MARKER, TOKEN, Server, start_server, stop_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -6,7 +6,7 @@ import importlib.util
 import json
 import sys
 
-from backend_helpers import REPO
+from tests.backends.backend_helpers import REPO
 
 
 def _load():

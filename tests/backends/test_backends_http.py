@@ -6,7 +6,7 @@ import time
 
 import httpx
 import pytest
-from backend_helpers import FAIL_MARKER, TOKEN, frames, start_server, stop_server
+from tests.backends.backend_helpers import FAIL_MARKER, TOKEN, frames, start_server, stop_server
 
 from flora.backends import VLMBackend, VLMRequest
 from flora.backends.openai_backend import OpenAIBackend
@@ -175,7 +175,7 @@ def test_timeouts_and_500s_retried_then_success(tiny_model, tmp_path):
 
 
 def test_connection_errors_are_retried_then_reported():
-    from backend_helpers import free_port
+    from tests.backends.backend_helpers import free_port
 
     client = OpenAIBackend(
         f"http://127.0.0.1:{free_port()}", timeout_s=2, max_retries=2, backoff_s=0.01

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from backend_helpers import frames
+from tests.backends.backend_helpers import frames
 from transformers import (
     AutoConfig,
     AutoImageProcessor,

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from backend_helpers import frames
+from tests.backends.backend_helpers import frames
 from transformers.utils import is_torchvision_available
 
 from flora.backends import BackendError, VLMBackend, VLMRequest, make_backend

@@ -1,0 +1,175 @@
+"""MLflow tracking helpers over the one settings object.
+
+Embedded default: ``sqlite:///<home>/mlflow.db`` with artifacts under ``<home>/mlartifacts``;
+production points ``FLORA_MLFLOW_TRACKING_URI`` at the MLflow server (Postgres + object
+store, see ``infra/``) and the same code logs there.
+
+Every pipeline step logs into one MLflow run per pipeline run: the first step opens it with
+:func:`mlflow_run` and hands its ``run_id`` on (Airflow XCom / KFP parameter); later steps
+reopen it with ``mlflow_run(..., run_id=...)``. MLflow 3 conventions hold everywhere:
+``log_model(name=...)`` and registered-model aliases, never stages.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pandas as pd
+
+from flora.settings import FloraSettings, get_settings
+
+if TYPE_CHECKING:
+    import mlflow
+
+
+class _Report(Protocol):
+    """Anything validation returns: a ValidationReport or a DatasetReport."""
+
+    success: bool
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+_lock = threading.Lock()
+
+
+def configure(settings: FloraSettings | None = None) -> str:
+    """Point MLflow at the configured tracking store (creating ``home``) and return its URI."""
+    import mlflow
+
+    s = settings or get_settings()
+    uri = s.tracking_uri
+    if uri.startswith("sqlite:///"):
+        # SQLite needs its directory; MLflow creates the tables on first use.
+        s.home.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
+def ensure_experiment(name: str | None = None, settings: FloraSettings | None = None) -> str:
+    """Experiment id of ``name`` (default: settings), created with the configured artifact root.
+
+    With a local store the artifact location must be set explicitly, or MLflow would write
+    ``./mlruns`` relative to whatever directory the process happens to run in.
+    """
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    s = settings or get_settings()
+    configure(s)
+    name = name or s.mlflow_experiment
+    with _lock:
+        exp = mlflow.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        local = not s.tracking_uri.startswith(("http://", "https://", "databricks"))
+        location = (s.artifact_root / name).as_uri() if local else None
+        try:
+            return mlflow.create_experiment(name, artifact_location=location)
+        except MlflowException:
+            # Another process created it between our lookup and create.
+            exp = mlflow.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+
+@contextmanager
+def mlflow_run(
+    name: str,
+    tags: Mapping[str, Any] | None = None,
+    experiment: str | None = None,
+    *,
+    run_id: str | None = None,
+    run_name: str | None = None,
+    settings: FloraSettings | None = None,
+) -> Iterator[mlflow.ActiveRun]:
+    """Open (or, with ``run_id``, reopen) an MLflow run; it ends FAILED if the body raises.
+
+    ``name`` is the pipeline step; it is appended to the ``flora.steps`` tag, so a run
+    reopened by several steps records which ones touched it. ``run_name`` (default:
+    ``name``) names a new run. ``tags`` values are stringified.
+    """
+    import mlflow
+
+    s = settings or get_settings()
+    exp_id = ensure_experiment(experiment, s)
+    str_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+    if run_id is not None:
+        run = mlflow.start_run(run_id=run_id)
+        steps = run.data.tags.get("flora.steps", "")
+        str_tags["flora.steps"] = f"{steps},{name}" if steps else name
+        mlflow.set_tags(str_tags)
+    else:
+        str_tags.setdefault("flora.steps", name)
+        run = mlflow.start_run(experiment_id=exp_id, run_name=run_name or name, tags=str_tags)
+    try:
+        yield run
+    except BaseException:
+        mlflow.end_run(status="FAILED")
+        raise
+    else:
+        mlflow.end_run(status="FINISHED")
+
+
+def _metric_key(*parts: str) -> str:
+    # MLflow keys allow [A-Za-z0-9_-./ ]; table/column names are mapped onto that.
+    return ".".join(
+        "".join(c if c.isalnum() or c in "_-./ " else "_" for c in p) for p in parts if p
+    )
+
+
+def log_table_summary(name: str, df: pd.DataFrame, *, log_artifact: bool = True) -> dict[str, Any]:
+    """Log row/episode counts, columns and null counts of table ``name`` to the active run.
+
+    Returns the summary that was logged (also stored as ``tables/<name>.json``).
+    """
+    import mlflow
+
+    summary: dict[str, Any] = {
+        "table": name,
+        "rows": len(df),
+        "columns": [str(c) for c in df.columns],
+        "nulls": {str(c): int(n) for c, n in df.isna().sum().items() if n},
+    }
+    if "episode_id" in df.columns:
+        summary["episodes"] = int(df["episode_id"].nunique())
+    if "dataset" in df.columns:
+        summary["datasets"] = sorted(map(str, df["dataset"].dropna().unique()))
+    metrics = {_metric_key("table", name, "rows"): float(summary["rows"])}
+    if "episodes" in summary:
+        metrics[_metric_key("table", name, "episodes")] = float(summary["episodes"])
+    mlflow.log_metrics(metrics)
+    if log_artifact:
+        mlflow.log_dict(summary, f"tables/{name}.json")
+    return summary
+
+
+def log_validation(report: _Report, *, name: str | None = None) -> dict[str, Any]:
+    """Log a validation report (table or dataset) to the active run.
+
+    Metrics ``validation.<name>.success`` (0/1) and ``.failed`` (failed expectations or
+    invalid episodes), tag ``validation.<name>`` = passed/failed, and the full report as
+    ``validation/<name>.json``. Returns the logged dict.
+    """
+    import mlflow
+
+    d = report.to_dict()
+    name = name or str(d.get("table") or d.get("dataset") or "report")
+    if "statistics" in d and "failed" in d["statistics"]:
+        failed = d["statistics"]["failed"]
+    else:
+        failed = len(d.get("invalid_episodes", d.get("issues", [])))
+    mlflow.log_metrics(
+        {
+            _metric_key("validation", name, "success"): float(bool(report.success)),
+            _metric_key("validation", name, "failed"): float(failed),
+        }
+    )
+    mlflow.set_tag(_metric_key("validation", name), "passed" if report.success else "failed")
+    mlflow.log_text(json.dumps(d, indent=1, default=str), f"validation/{name}.json")
+    return d
