@@ -1,0 +1,156 @@
+"""caption_dataset: captions table through TableStore, retries, failures, GX validation."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from flora.caption.grammar import normalise_caption
+from flora.caption.oracle import GroundTruthCaptionBackend
+from flora.caption.run import CAPTION_DTYPES, CaptionConfig, caption_dataset, request_id
+from flora.data.ground_truth import load_ground_truth
+from flora.tables import TableStore
+from flora.validation.core import TableValidationError, assert_valid, validate_table
+
+
+def _gt_frame(root) -> pd.DataFrame:
+    return pd.read_parquet(root / "ground_truth" / "events.parquet")
+
+
+def test_oracle_captions_table_keeps_boundaries_and_validates(tiny_dataset, tmp_path):
+    gt = load_ground_truth(tiny_dataset)
+    res = caption_dataset(
+        tiny_dataset,
+        tiny_dataset / "ground_truth" / "events.parquet",
+        tmp_path,
+        GroundTruthCaptionBackend(tiny_dataset),
+        "run-1",
+        progress=False,
+    )
+    assert res.report.success and not res.failures
+    df = res.captions
+    assert list(df.columns) == list(CAPTION_DTYPES)
+    assert set(df.run_id) == {"run-1"} and set(df.model) == {"ground-truth-oracle"}
+    for i in gt.episode_indices():
+        rows = df[df.episode_index == i].sort_values("event_index")
+        evs = gt.events(i)
+        assert [(r.start_us, r.end_us) for r in rows.itertuples()] == [
+            (e.start_us, e.end_us) for e in evs
+        ]  # the captioner never moves a boundary
+        assert list(rows.caption) == [normalise_caption(e.caption) for e in evs]
+        assert rows.context_roles.iloc[0].startswith("TARGET")  # first event: no BEFORE
+        assert rows.context_roles.iloc[-1].endswith("TARGET")  # last event: no AFTER
+        assert (rows.before_event_index.iloc[1:] == rows.event_index.iloc[:-1].values).all()
+    # resumable: a rerun skips every finished episode and writes no duplicates
+    again = caption_dataset(
+        tiny_dataset,
+        tiny_dataset / "ground_truth" / "events.parquet",
+        tmp_path,
+        GroundTruthCaptionBackend(tiny_dataset),
+        "run-2",
+        progress=False,
+    )
+    assert again.processed == [] and len(again.skipped) == 3
+    assert len(again.captions) == len(df) and set(again.captions.run_id) == {"run-1"}
+
+
+def test_bounded_retries_and_recorded_failures(tiny_dataset, tmp_path):
+    ev = _gt_frame(tiny_dataset)
+    ev = ev[ev.episode_index == 0].sort_values("start_us").reset_index(drop=True)
+    eid = f"{tiny_dataset.name}/000000"
+    rid = [
+        request_id(eid, k, int(r.start_us), int(r.end_us)) for k, r in enumerate(ev.itertuples())
+    ]
+    oracle = GroundTruthCaptionBackend(tiny_dataset, faults={rid[0]: 2, rid[1]: 9})
+    res = caption_dataset(
+        tiny_dataset,
+        ev,
+        tmp_path,
+        oracle,
+        "r",
+        progress=False,
+        config=CaptionConfig(max_attempts=3),
+    )
+    rows = res.captions.set_index("event_index")
+    assert rows.loc[0, "attempts"] == 3  # two garbage answers, then accepted
+    assert 1 not in rows.index  # never valid: not written, not filled
+    assert oracle.calls.count(rid[1]) == 3  # bounded
+    (f,) = res.failures
+    assert f.episode_id == eid and f.item.startswith("event 1 [")
+    assert "parse rejection after 3 attempts" in f.reason and "single line" in f.reason
+    assert TableStore(tmp_path).failures("captions") == [f]
+    # the failed episode is captioned again by the next run (the fault is spent by then)
+    oracle.faults[rid[1]] = 0
+    res2 = caption_dataset(tiny_dataset, ev, tmp_path, oracle, "r2", progress=False)
+    assert res2.processed == [eid] and not res2.failures and len(res2.captions) == len(ev)
+
+
+def test_malformed_events_fail_alone_and_unknown_episodes_are_recorded(tiny_dataset, tmp_path):
+    ev = _gt_frame(tiny_dataset)
+    ev = ev[ev.episode_index == 1].sort_values("start_us").reset_index(drop=True)
+    T = int(
+        load_ground_truth(tiny_dataset)
+        .tables["episodes"]
+        .set_index("episode_index")
+        .loc[1, "duration_us"]
+    )
+    bad = ev.copy()
+    bad.loc[2, "end_us"] = bad.loc[2, "start_us"]  # empty interval
+    bad.loc[4, "end_us"] = T + 1  # outside the episode
+    ghost = ev.iloc[:1].copy()
+    ghost["episode_index"] = 42  # not in the dataset
+    res = caption_dataset(
+        tiny_dataset,
+        pd.concat([bad, ghost]),
+        tmp_path,
+        GroundTruthCaptionBackend(tiny_dataset),
+        "r",
+        progress=False,
+    )
+    items = {
+        (f.episode_id.rsplit("/", 1)[1], f.item.split(" [")[0]): f.reason for f in res.failures
+    }
+    assert set(items) == {("000001", "event 2"), ("000001", "event 4"), ("000042", "episode")}
+    assert "start_us < end_us" in items[("000001", "event 2")]
+    assert "end_us" in items[("000001", "event 4")] and "episode=1" in items[("000001", "event 4")]
+    assert sorted(res.captions.event_index) == [k for k in range(len(ev)) if k not in (2, 4)]
+    assert res.report.success
+
+
+@pytest.fixture(scope="module")
+def episode0_table(tiny_dataset, tmp_path_factory) -> pd.DataFrame:
+    ev = _gt_frame(tiny_dataset)
+    return caption_dataset(
+        tiny_dataset,
+        ev[ev.episode_index == 0],
+        tmp_path_factory.mktemp("cap0"),
+        GroundTruthCaptionBackend(tiny_dataset),
+        "r",
+        progress=False,
+    ).captions
+
+
+@pytest.mark.parametrize(
+    "column, value, field",
+    [
+        ("caption", "grasp it. then lift it.", "_chk_caption_grammar"),
+        ("caption", "", "_chk_caption_grammar"),
+        ("context_roles", "AFTER,TARGET", "context_roles"),
+        ("end_us", 0, "end_us,start_us"),
+        ("end_us", 10**12, "duration_us,end_us"),
+        ("event_index", 0, "episode_id,event_index"),
+    ],
+)
+def test_captions_suite_rejects_bad_tables(tiny_dataset, episode0_table, column, value, field):
+    df = episode0_table
+    assert validate_table("captions", df).success
+    bad = df.copy()
+    bad.loc[1, column] = value
+    report = validate_table("captions", bad)
+    assert not report.success
+    assert field in {r.column for r in report.failures}
+    assert report.failing_episodes == [f"{tiny_dataset.name}/000000"]
+    with pytest.raises(TableValidationError):
+        assert_valid("captions", bad)
+    missing = validate_table("captions", df.drop(columns=["missing_views"]))
+    assert "missing_views" in {r.column for r in missing.failures}
