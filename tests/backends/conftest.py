@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tests.backends.backend_helpers import FAIL_MARKER, TOKEN, Server, start_server, stop_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

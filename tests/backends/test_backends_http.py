@@ -6,11 +6,11 @@ import time
 
 import httpx
 import pytest
-from tests.backends.backend_helpers import FAIL_MARKER, TOKEN, frames, start_server, stop_server
 
 from flora.backends import VLMBackend, VLMRequest
 from flora.backends.openai_backend import OpenAIBackend
 from flora.backends.processing import decode_image, encode_image
+from tests.backends.backend_helpers import FAIL_MARKER, TOKEN, frames, start_server, stop_server
 
 
 def _reqs() -> list[VLMRequest]:

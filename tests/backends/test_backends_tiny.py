@@ -8,7 +8,6 @@ import time
 
 import pytest
 import torch
-from tests.backends.backend_helpers import frames
 from transformers import (
     AutoConfig,
     AutoImageProcessor,
@@ -21,6 +20,7 @@ from typer.testing import CliRunner
 from flora.backends.base import VLMRequest
 from flora.backends.processing import load_processor, render_prompt, request_to_chat
 from flora.backends.tiny import SPECIAL_TOKENS, build_tiny_vlm
+from tests.backends.backend_helpers import frames
 
 
 def _digests(d):

@@ -6,13 +6,13 @@ import shutil
 
 import pytest
 import torch
-from tests.backends.backend_helpers import frames
 from transformers.utils import is_torchvision_available
 
 from flora.backends import BackendError, VLMBackend, VLMRequest, make_backend
 from flora.backends.processing import render_prompt, request_to_chat
 from flora.backends.transformers_backend import TransformersBackend, fingerprint_dir
 from flora.settings import FloraSettings
+from tests.backends.backend_helpers import frames
 
 
 def _reqs(max_new: int = 8, top: int = 3) -> list[VLMRequest]:
