@@ -384,6 +384,7 @@ def segment_dataset(
     shift: bool = True,
     episodes: Sequence[int] | None = None,
     max_attempts: int = 3,
+    max_new_tokens: int = 384,
     overwrite: bool = False,
     progress: bool = True,
     kinematic_config: kinematic.KinematicConfig | None = None,
@@ -395,6 +396,8 @@ def segment_dataset(
     good windows, its failures recorded, and retried by the next run. An episode that
     cannot be read is recorded as failed and not written. The whole table is validated
     with the ``events`` suite before it is returned (TableValidationError otherwise).
+    ``max_attempts`` and ``max_new_tokens`` bound each window's model calls (see
+    :func:`segment_episode`).
     """
     from flora.data.dataset import open_dataset
     from flora.validation.core import TableValidationError, validate_table
@@ -421,6 +424,7 @@ def segment_dataset(
                 profile,
                 shift,
                 max_attempts=max_attempts,
+                max_new_tokens=max_new_tokens,
                 kinematic_config=kinematic_config,
             )
         except FloraDataError as e:
