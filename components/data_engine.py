@@ -1,8 +1,17 @@
-"""KFP v2 lightweight components for the data-engine steps: ingest and validate.
+"""KFP v2 lightweight components for the data-engine steps.
 
-Each component body is a thin adapter over the same ``flora`` function the Airflow task
-calls (``flora.data.ingest.ingest_dataset``, ``flora.validation.raw.validate_dataset``)
-and logs to the same MLflow run. KFP serialises the function source into the pipeline
+``ingest_op``, ``validate_op``, ``segment_op``, ``caption_op``, ``reward_op`` (one per
+rewarder mode: outcome, dense, rubric) and ``report_op``. Each component body is a thin
+adapter over the same ``flora`` function the Airflow task calls
+(``flora.data.ingest.ingest_dataset``, ``flora.validation.raw.validate_dataset``,
+``flora.engine.run_segment`` / ``run_caption`` / ``run_reward`` / ``engine_summary``) and
+logs to the same MLflow run (reopened by id).
+
+Tables travel as ``Dataset`` artifacts: each engine component uses its output artifact's
+path as the ``TableStore`` root, so the table is ``<artifact>/<table>/`` (Parquet parts
+plus ``_failures/``); the caption component reads the segment artifact's ``events/``.
+On a cluster the artifacts live in the pipeline root (object storage); ``kfp.local``
+keeps them under its ``pipeline_root``. KFP serialises the function source into the pipeline
 spec, so everything a body uses is imported inside it, from the ``flora`` package
 installed in the image (``FLORA_IMAGE``; locally, the editable install in ``.venv``).
 
@@ -94,3 +103,120 @@ def validate_op(
             )
     out = namedtuple("Outputs", ["success", "valid_episodes", "invalid_episodes"])
     return out(rep.success, valid, [int(i) for i in rep.invalid_episodes])
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def segment_op(
+    dataset_path: str,
+    mlflow_run_id: str,
+    valid_episodes: list,
+    events: Output[Dataset],
+    metrics: Output[Metrics],
+) -> NamedTuple("Outputs", [("rows", int), ("failures", int), ("report", dict)]):
+    """Segment the valid episodes (backend from FLORA_BACKEND; kinematic by default)."""
+    from collections import namedtuple
+
+    from flora.engine import run_segment
+    from flora.tracking import mlflow_run
+
+    with mlflow_run("segment", run_id=mlflow_run_id):
+        rep = run_segment(dataset_path, events.path, valid_episodes, mlflow_run_id)
+        rep.log_mlflow()
+    for k, v in {**rep.counts(), **rep.metrics}.items():
+        metrics.log_metric(k, v)
+    events.metadata.update({"table": rep.table, "rows": rep.rows, "model": rep.model})
+    out = namedtuple("Outputs", ["rows", "failures", "report"])
+    return out(rep.rows, len(rep.failures), rep.to_dict())
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def caption_op(
+    dataset_path: str,
+    mlflow_run_id: str,
+    valid_episodes: list,
+    events: Input[Dataset],
+    captions: Output[Dataset],
+    metrics: Output[Metrics],
+    vlm_max_episodes: int = 0,
+    max_attempts: int = 3,
+    max_new_tokens: int = 0,
+) -> NamedTuple("Outputs", [("rows", int), ("failures", int), ("report", dict)]):
+    """Caption the events (backend: FLORA_BACKEND, else the tiny model). 0 = default."""
+    from collections import namedtuple
+
+    from flora.engine import StepOptions, run_caption
+    from flora.tracking import mlflow_run
+
+    opts = StepOptions.from_mapping(
+        {"vlm_max_episodes": vlm_max_episodes, "max_attempts": max_attempts,
+         "max_new_tokens": max_new_tokens}
+    )  # fmt: skip
+    with mlflow_run("caption", run_id=mlflow_run_id):
+        rep = run_caption(dataset_path, events.path, captions.path, valid_episodes,
+                          mlflow_run_id, options=opts)  # fmt: skip
+        rep.log_mlflow()
+    for k, v in rep.counts().items():
+        metrics.log_metric(k, v)
+    captions.metadata.update({"table": rep.table, "rows": rep.rows, "model": rep.model})
+    out = namedtuple("Outputs", ["rows", "failures", "report"])
+    return out(rep.rows, len(rep.failures), rep.to_dict())
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def reward_op(
+    mode: str,
+    dataset_path: str,
+    mlflow_run_id: str,
+    valid_episodes: list,
+    table: Output[Dataset],
+    metrics: Output[Metrics],
+    vlm_max_episodes: int = 0,
+    max_attempts: int = 3,
+    max_new_tokens: int = 0,
+    rubric: str = "",
+) -> NamedTuple("Outputs", [("rows", int), ("failures", int), ("report", dict)]):
+    """One rewarder mode (outcome | dense | rubric) into its table. 0/"" = default."""
+    from collections import namedtuple
+
+    from flora.engine import StepOptions, run_reward
+    from flora.tracking import mlflow_run
+
+    opts = StepOptions.from_mapping(
+        {"vlm_max_episodes": vlm_max_episodes, "max_attempts": max_attempts,
+         "max_new_tokens": max_new_tokens, "rubric": rubric}
+    )  # fmt: skip
+    with mlflow_run(mode, run_id=mlflow_run_id):
+        rep = run_reward(mode, dataset_path, table.path, valid_episodes, mlflow_run_id,
+                         options=opts)  # fmt: skip
+        rep.log_mlflow()
+    for k, v in rep.counts().items():
+        metrics.log_metric(k, v)
+    table.metadata.update({"table": rep.table, "rows": rep.rows, "model": rep.model})
+    out = namedtuple("Outputs", ["rows", "failures", "report"])
+    return out(rep.rows, len(rep.failures), rep.to_dict())
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def report_op(
+    mlflow_run_id: str,
+    segment: dict,
+    caption: dict,
+    outcome: dict,
+    dense: dict,
+    rubric: dict,
+    summary: Output[Artifact],
+) -> dict:
+    """One summary per table (rows, failures, location, validity), logged to MLflow."""
+    import json
+
+    import mlflow
+
+    from flora.engine import engine_summary
+    from flora.tracking import mlflow_run
+
+    tables = engine_summary([segment, caption, outcome, dense, rubric])
+    with open(summary.path, "w") as fh:
+        json.dump(tables, fh, indent=1)
+    with mlflow_run("report", run_id=mlflow_run_id):
+        mlflow.log_dict(tables, "engine_summary.json")
+    return tables

@@ -1,39 +1,111 @@
-"""KFP v2 pipeline ``flora-data-engine``: ingest -> validate (later: segment, caption, reward).
+"""KFP v2 pipeline ``flora-data-engine``: ingest -> validate -> segment -> caption -> rewards.
 
 Compile: ``python -m components.data_engine_pipeline`` writes
 ``components/data_engine_pipeline.yaml`` (the spec a Kubeflow cluster runs). Locally it
 runs with ``kfp.local`` (SubprocessRunner, no containers): see
 ``tests/components/test_data_engine_pipeline.py``.
+
+Same steps and order as the Airflow DAG ``flora_data_engine``; the three rewarder modes
+run after captioning, in parallel on a cluster, and ``report_op`` joins them. The
+pipeline returns the per-table summary (rows, failures, location, validity).
 """
 
 from pathlib import Path
 
 from kfp import compiler, dsl
 
-from components.data_engine import ingest_op, validate_op
+from components.data_engine import (
+    caption_op,
+    ingest_op,
+    report_op,
+    reward_op,
+    segment_op,
+    validate_op,
+)
 
 PIPELINE_YAML = Path(__file__).with_suffix(".yaml")
+#: Resource limits per task kind (kept in the compiled YAML; ``kfp.local`` ignores them).
+CPU_TASK = {"cpu": "2", "memory": "4G"}
+VLM_TASK = {"cpu": "4", "memory": "16G"}
+
+
+def _limits(task: dsl.PipelineTask, res: dict[str, str]) -> dsl.PipelineTask:
+    # The dataset (and the tables under the same store) can change under the same path:
+    # never reuse a cached result.
+    task.set_caching_options(False)
+    return task.set_cpu_limit(res["cpu"]).set_memory_limit(res["memory"])
 
 
 @dsl.pipeline(
     name="flora-data-engine",
-    description="Flora data engine: ingest and validate raw robot episodes.",
+    description="Flora data engine: ingest, validate, segment, caption and reward robot episodes.",
 )
-def data_engine_pipeline(dataset_path: str, strict: bool = False) -> list:
-    """Returns the valid episode indices (what later steps may process)."""
-    ingest = ingest_op(dataset_path=dataset_path)
-    # The dataset can change under the same path: never reuse a cached ingest.
-    ingest.set_caching_options(False)
-    ingest.set_cpu_limit("2").set_memory_limit("4G")
-    validate = validate_op(
-        dataset_path=dataset_path,
-        mlflow_run_id=ingest.outputs["mlflow_run_id"],
-        manifest=ingest.outputs["manifest"],
-        strict=strict,
+def data_engine_pipeline(
+    dataset_path: str,
+    strict: bool = False,
+    vlm_max_episodes: int = 0,
+    max_attempts: int = 3,
+    max_new_tokens: int = 0,
+    rubric: str = "",
+) -> dict:
+    """Returns one summary per table (``flora.engine.engine_summary``).
+
+    ``vlm_max_episodes`` / ``max_new_tokens``: 0 means all episodes / each step's default
+    budget; ``rubric``: empty means the dataset's ground-truth family rubrics if present.
+    """
+    ingest = _limits(ingest_op(dataset_path=dataset_path), CPU_TASK)
+    validate = _limits(
+        validate_op(
+            dataset_path=dataset_path,
+            mlflow_run_id=ingest.outputs["mlflow_run_id"],
+            manifest=ingest.outputs["manifest"],
+            strict=strict,
+        ),
+        CPU_TASK,
     )
-    validate.set_caching_options(False)
-    validate.set_cpu_limit("2").set_memory_limit("4G")
-    return validate.outputs["valid_episodes"]
+    run_id = ingest.outputs["mlflow_run_id"]
+    valid = validate.outputs["valid_episodes"]
+    segment = _limits(
+        segment_op(dataset_path=dataset_path, mlflow_run_id=run_id, valid_episodes=valid),
+        CPU_TASK,
+    )
+    vlm = {
+        "vlm_max_episodes": vlm_max_episodes,
+        "max_attempts": max_attempts,
+        "max_new_tokens": max_new_tokens,
+    }
+    caption = _limits(
+        caption_op(
+            dataset_path=dataset_path,
+            mlflow_run_id=run_id,
+            valid_episodes=valid,
+            events=segment.outputs["events"],
+            **vlm,
+        ),
+        VLM_TASK,
+    )
+    rewards = {}
+    for mode in ("outcome", "dense", "rubric"):
+        t = reward_op(
+            mode=mode,
+            dataset_path=dataset_path,
+            mlflow_run_id=run_id,
+            valid_episodes=valid,
+            rubric=rubric,
+            **vlm,
+        )
+        t.set_display_name(f"reward-{mode}")
+        rewards[mode] = _limits(t, VLM_TASK).after(caption)
+    report = report_op(
+        mlflow_run_id=run_id,
+        segment=segment.outputs["report"],
+        caption=caption.outputs["report"],
+        outcome=rewards["outcome"].outputs["report"],
+        dense=rewards["dense"].outputs["report"],
+        rubric=rewards["rubric"].outputs["report"],
+    )
+    _limits(report, CPU_TASK)
+    return report.outputs["Output"]
 
 
 def compile_pipeline(path: str | Path = PIPELINE_YAML) -> Path:

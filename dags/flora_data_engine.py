@@ -1,23 +1,27 @@
-"""Airflow 3 DAG ``flora_data_engine``: ingest -> validate (-> later: segment, caption, reward).
+"""Airflow 3 DAG ``flora_data_engine``: ingest -> validate -> segment -> caption -> rewards.
 
 Every task is a thin adapter: it calls the one ``flora`` function that implements its
-step, logs to the pipeline run's MLflow run and returns a small JSON *state* dict (XCom)
-that the next task receives. Later steps are appended the same way::
+step (``flora.data.ingest``, ``flora.validation.raw``, and for the engine steps
+``flora.engine.run_segment`` / ``run_caption`` / ``run_reward``, which wire
+``flora.segment`` / ``flora.caption`` / ``flora.reward``), logs to the pipeline run's MLflow
+run (reopened by id) and returns a small JSON *state* dict (XCom) that the next task
+receives and extends::
 
-    @task
-    def segment(state: dict) -> dict:
-        ...call flora.segment..., log to MLflow with mlflow_run("segment", run_id=...)
-        return {**state, "events_table": ...}
-
-    state = segment(validate(ingest()))
+    ingest -> validate -> segment -> caption -> reward_outcome ┐
+                                             -> reward_dense   ├-> report
+                                             -> reward_rubric  ┘
 
 State keys every step can rely on: ``dataset``, ``dataset_path`` (absolute),
 ``outputs_dir`` (absolute; the ``TableStore`` root: tables go to ``<outputs>/<table>/``),
 ``mlflow_run_id``, ``episodes`` (all indices), and after ``validate``:
-``valid_episodes`` — the only episodes later steps may process (a table or episode that
-fails its suite is never passed downstream).
+``valid_episodes`` — the only episodes later steps process. Each engine step adds its
+report under its name (``segment``, ``caption``, ``outcome``, ``dense``, ``rubric``: table
+dir, row/failure counts, first failures, validation result). A table that fails its GX
+suite makes its task fail (the report is logged to MLflow first), so it is never handed
+downstream; episodes whose rows fail are quarantined by the step functions.
 
-The dataset comes from the run conf / params (``dataset``) or else ``FLORA_DATASET``.
+Backends come from ``FLORA_BACKEND`` (``flora.engine``): embedded default = kinematic
+segmenter + the tiny random VLM for captions and rewards (docs/orchestration.md).
 ``flora`` is imported inside the tasks so that parsing this file stays cheap.
 """
 
@@ -29,6 +33,9 @@ import pendulum
 from airflow.sdk import Param, dag, task
 
 DAG_ID = "flora_data_engine"
+#: The rewarder's modes, one task each (same tuple as ``flora.engine.REWARD_MODES``; not
+#: imported so that parsing this file does not import flora).
+REWARD_MODES = ("outcome", "dense", "rubric")
 
 
 def _run_tags(dag_run: Any) -> dict[str, str]:
@@ -58,11 +65,32 @@ def _run_tags(dag_run: Any) -> dict[str, str]:
             type="boolean",
             description="Fail the run when any episode is invalid (default: quarantine it).",
         ),
+        "vlm_max_episodes": Param(
+            None,
+            type=["null", "integer"],
+            minimum=0,
+            description="Caption/reward only the first N valid episodes (empty or 0: all).",
+        ),
+        "max_attempts": Param(
+            3, type="integer", minimum=1, description="Bounded parse attempts per VLM item."
+        ),
+        "max_new_tokens": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            description="Cap on every VLM step's generation budget (empty: step defaults).",
+        ),
+        "rubric": Param(
+            None,
+            type=["null", "string"],
+            description="Rubric YAML/JSON for every episode (empty: the dataset's "
+            "ground_truth/rubric.json family rubrics when present).",
+        ),
     },
     doc_md=__doc__,
 )
 def flora_data_engine() -> None:
-    """Flora data engine: raw episodes -> validated episodes -> (segments, captions, rewards)."""
+    """Flora data engine: raw episodes -> validated episodes -> events, captions, rewards."""
 
     @task
     def ingest(params: dict | None = None, dag_run: Any = None) -> dict[str, Any]:
@@ -139,7 +167,66 @@ def flora_data_engine() -> None:
             "validation_report": str(report_path),
         }
 
-    validate(ingest())
+    @task
+    def segment(state: dict[str, Any]) -> dict[str, Any]:
+        """Segment the valid episodes into the ``events`` table (+ F1 vs ground truth)."""
+        from flora.engine import run_segment
+        from flora.tracking import mlflow_run
+
+        with mlflow_run("segment", run_id=state["mlflow_run_id"]):
+            rep = run_segment(state["dataset_path"], state["outputs_dir"],
+                              state["valid_episodes"], state["mlflow_run_id"])  # fmt: skip
+            rep.log_mlflow()
+        return {**state, "segment": rep.to_dict()}
+
+    @task
+    def caption(state: dict[str, Any], params: dict | None = None) -> dict[str, Any]:
+        """Caption the events of the valid episodes into the ``captions`` table."""
+        from flora.engine import StepOptions, run_caption
+        from flora.tracking import mlflow_run
+
+        with mlflow_run("caption", run_id=state["mlflow_run_id"]):
+            rep = run_caption(state["dataset_path"], state["segment"]["table_dir"],
+                              state["outputs_dir"], state["valid_episodes"],
+                              state["mlflow_run_id"],
+                              options=StepOptions.from_mapping(params))  # fmt: skip
+            rep.log_mlflow()
+        return {**state, "caption": rep.to_dict()}
+
+    @task
+    def reward(state: dict[str, Any], mode: str, params: dict | None = None) -> dict[str, Any]:
+        """One rewarder mode (outcome | dense | rubric) into its table."""
+        from flora.engine import StepOptions, run_reward
+        from flora.tracking import mlflow_run
+
+        with mlflow_run(mode, run_id=state["mlflow_run_id"]):
+            rep = run_reward(mode, state["dataset_path"], state["outputs_dir"],
+                             state["valid_episodes"], state["mlflow_run_id"],
+                             options=StepOptions.from_mapping(params))  # fmt: skip
+            rep.log_mlflow()
+        return {**state, mode: rep.to_dict()}
+
+    @task
+    def report(states: list[dict[str, Any]]) -> dict[str, Any]:
+        """Join the reward branches: one summary per table, logged and written to outputs."""
+        from pathlib import Path
+
+        import mlflow
+
+        from flora.engine import STEP_TABLES, engine_summary, write_json
+        from flora.tracking import mlflow_run
+
+        state = {k: v for st in states for k, v in st.items()}
+        summary = engine_summary([state[s] for s in STEP_TABLES if s in state])
+        out = Path(state["outputs_dir"]) / "runs" / state["dataset"]
+        path = write_json(summary, out / f"{state['mlflow_run_id']}.json")
+        with mlflow_run("report", run_id=state["mlflow_run_id"]):
+            mlflow.log_dict(summary, "engine_summary.json")
+        return {**state, "tables": summary, "summary_path": str(path)}
+
+    segmented = segment(validate(ingest()))
+    captioned = caption(segmented)
+    report([reward.override(task_id=f"reward_{m}")(captioned, mode=m) for m in REWARD_MODES])
 
 
 dag_object = flora_data_engine()

@@ -1,4 +1,10 @@
-"""KFP v2 data-engine pipeline: compiles to the committed YAML and runs under kfp.local."""
+"""KFP v2 data-engine pipeline: compiles to the committed YAML and runs under kfp.local.
+
+The local run uses the embedded default backends (kinematic segmenter; the tiny random
+VLM from the session's ``tiny_vlm_dir``, copied to ``<FLORA_HOME>/models/tiny``) with
+the VLM steps bounded to one episode, one attempt and 8 new tokens: every component is a
+fresh Python process here, so imports dominate the runtime.
+"""
 
 from __future__ import annotations
 
@@ -35,36 +41,82 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     committed = yaml.safe_load(PIPELINE_YAML.read_text())
     assert fresh == committed, "run `python -m components.data_engine_pipeline` and commit"
     execs = fresh["deploymentSpec"]["executors"]
-    assert set(execs) == {"exec-ingest-op", "exec-validate-op"}
-    for ex in execs.values():
+    assert set(execs) == {
+        f"exec-{n}"
+        for n in ("ingest-op", "validate-op", "segment-op", "caption-op", "report-op",
+                  "reward-op", "reward-op-2", "reward-op-3")
+    }  # fmt: skip
+    for name, ex in execs.items():
         c = ex["container"]
         assert c["image"] == "ghcr.io/flora-robotics/flora:cpu"
         assert "pip install" not in " ".join(c["command"])  # flora image has everything
-        assert c["resources"]["resourceCpuLimit"] == "2"
+        vlm = name.startswith(("exec-caption", "exec-reward"))
+        assert c["resources"]["resourceCpuLimit"] == ("4" if vlm else "2"), name
     tasks = fresh["root"]["dag"]["tasks"]
     assert tasks["validate-op"]["dependentTasks"] == ["ingest-op"]
+    assert "validate-op" in tasks["segment-op"]["dependentTasks"]
+    assert "segment-op" in tasks["caption-op"]["dependentTasks"]
+    modes = {}
+    for key in ("reward-op", "reward-op-2", "reward-op-3"):
+        assert "caption-op" in tasks[key]["dependentTasks"]
+        params = tasks[key]["inputs"]["parameters"]
+        modes[params["mode"]["runtimeValue"]["constant"]] = tasks[key]["taskInfo"]["name"]
+    assert modes == {m: f"reward-{m}" for m in ("outcome", "dense", "rubric")}
+    assert {"reward-op", "reward-op-2", "reward-op-3", "segment-op", "caption-op"} <= set(
+        tasks["report-op"]["dependentTasks"]
+    )
+    for t in tasks.values():
+        assert t["cachingOptions"] == {}  # caching off (enableCache absent = false)
 
 
-def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tmp_path):
+def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_dir, tmp_path):
+    import shutil
+
+    import pandas as pd
     from kfp import local
     from mlflow.tracking import MlflowClient
 
     from components.data_engine_pipeline import data_engine_pipeline
     from flora.settings import get_settings
 
-    local.init(
-        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp_root")
+    shutil.copytree(tiny_vlm_dir(), flora_home / "models" / "tiny")
+    kfp_root = tmp_path / "kfp_root"
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(kfp_root))
+    task = data_engine_pipeline(
+        dataset_path=str(tiny_dataset), vlm_max_episodes=1, max_attempts=1, max_new_tokens=8
     )
-    task = data_engine_pipeline(dataset_path=str(tiny_dataset))
-    assert task.output == [0, 1, 2]
+    tables = task.output
+    assert set(tables) == {"events", "captions", "outcome", "dense_labels", "rubric"}
 
-    # The validation report artifact and the MLflow run written by the two components.
-    reports = list((tmp_path / "kfp_root").rglob("validate-op/report"))
+    # The validation report artifact and the manifest written by the first two components.
+    reports = list(kfp_root.rglob("validate-op/report"))
     assert len(reports) == 1
     rep = json.loads(reports[0].read_text())
     assert rep["success"] is True and rep["dataset"] == tiny_dataset.name
-    manifests = list((tmp_path / "kfp_root").rglob("ingest-op/manifest"))
-    assert len(manifests) == 1
+    assert len(list(kfp_root.rglob("ingest-op/manifest"))) == 1
+
+    # Tables travel as Dataset artifacts: <artifact>/<table>/ parts (+ _failures/).
+    ids = [f"{tiny_dataset.name}/{i:06d}" for i in range(3)]
+    (events_dir,) = kfp_root.rglob("segment-op/events/events")
+    events = pd.concat(pd.read_parquet(p) for p in events_dir.glob("*.parquet"))
+    assert set(events.episode_id) == set(ids) and set(events.model) == {"kinematic-baseline"}
+    assert tables["events"]["rows"] == len(events) and tables["events"]["valid"] == "passed"
+    assert tables["events"]["table_dir"] == str(events_dir)
+    assert 0.0 <= tables["events"]["metrics"]["segment.f1_at_0.5"] <= 1.0
+    for table in ("captions", "outcome", "dense_labels", "rubric"):
+        t = tables[table]
+        assert t["episodes_in"] == 1, table  # vlm_max_episodes=1: episode 0 only
+        d = Path(t["table_dir"])
+        assert d.name == table and d.is_relative_to(kfp_root)
+        parts = list(d.glob("*.parquet"))
+        fails = [f for p in d.glob("_failures/*.json") for f in json.loads(p.read_text())]
+        rows = pd.concat(pd.read_parquet(p) for p in parts) if parts else pd.DataFrame()
+        assert t["rows"] == len(rows) and t["failures"] == len(fails), table
+        assert set(rows.get("episode_id", [])) | {f["episode_id"] for f in fails} == {ids[0]}
+        assert all(f["reason"] for f in fails)
+    # The tiny model ignores the outcome grammar with 8 tokens and 1 attempt: a failure.
+    assert tables["outcome"]["failures"] == 1 and tables["outcome"]["rows"] == 0
+    assert "after 1 attempts" in tables["outcome"]["failure_examples"][0]
 
     client = MlflowClient(tracking_uri=get_settings().tracking_uri)
     exp = client.get_experiment_by_name(get_settings().mlflow_experiment)
@@ -73,7 +125,16 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tmp_path)
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.data.tags["orchestrator"] == "kfp"
-    assert run.data.tags["flora.steps"] == "ingest,validate"
-    assert run.data.metrics["validation.raw.success"] == 1.0
-    assert run.data.metrics["ingest.episodes"] == 3
+    steps = run.data.tags["flora.steps"].split(",")
+    assert steps[:4] == ["ingest", "validate", "segment", "caption"] and steps[-1] == "report"
+    assert sorted(steps[4:7]) == ["dense", "outcome", "rubric"]
+    m = run.data.metrics
+    assert m["validation.raw.success"] == 1.0 and m["ingest.episodes"] == 3
+    assert m["step.segment.rows"] == len(events) and m["validation.events.success"] == 1.0
+    assert m["segment.f1_at_0.5"] == tables["events"]["metrics"]["segment.f1_at_0.5"]
+    for step, table in (("caption", "captions"), ("outcome", "outcome"),
+                        ("dense", "dense_labels"), ("rubric", "rubric")):  # fmt: skip
+        assert m[f"step.{step}.failures"] == tables[table]["failures"]
+        assert m[f"step.{step}.episodes_in"] == 1
+    assert "engine_summary.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
     assert os.environ["FLORA_HOME"] == str(flora_home)

@@ -1,4 +1,10 @@
-"""The flora_data_engine DAG: parses cleanly and runs end to end under ``dag.test()``."""
+"""The flora_data_engine DAG: parses cleanly and runs end to end under ``dag.test()``.
+
+The end-to-end run uses the embedded default backends (kinematic segmenter, the tiny
+random VLM for captions and rewards: the session's ``tiny_vlm_dir`` checkpoint copied to
+``<FLORA_HOME>/models/tiny``), with the VLM steps bounded to one episode and a small
+token budget so the run stays short on 2 CPU cores.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +22,14 @@ def test_dagbag_imports_without_errors(airflow_home):
     assert bag.import_errors == {}
     dag = bag.get_dag("flora_data_engine")
     assert dag is not None
-    assert set(dag.task_ids) >= {"ingest", "validate"}
+    rewards = {"reward_outcome", "reward_dense", "reward_rubric"}
+    assert set(dag.task_ids) == {"ingest", "validate", "segment", "caption", "report"} | rewards
     assert dag.get_task("validate").upstream_task_ids == {"ingest"}
+    assert dag.get_task("segment").upstream_task_ids == {"validate"}
+    assert dag.get_task("caption").upstream_task_ids == {"segment"}
+    for t in rewards:
+        assert dag.get_task(t).upstream_task_ids == {"caption"}
+    assert dag.get_task("report").upstream_task_ids == rewards
     assert dag.schedule is None or str(dag.schedule) == "None"
 
 
@@ -38,13 +50,22 @@ def _nan_action(root: Path, episode: int) -> None:
     raise AssertionError("episode not found")
 
 
-def test_dag_run_logs_mlflow_and_quarantines_bad_episode(airflow_home, tiny_dataset, tmp_path):
+def _events_of(df, episode_id):
+    return df[df.episode_id == episode_id]
+
+
+def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
+    airflow_home, tiny_dataset, tiny_vlm_dir, tmp_path
+):
     from airflow.dag_processing.dagbag import DagBag
     from mlflow.tracking import MlflowClient
 
     from flora.settings import get_settings
+    from flora.tables import TableStore
 
     _, flora_home = airflow_home
+    # The embedded VLM: the session's tiny checkpoint where flora.engine looks for it.
+    shutil.copytree(tiny_vlm_dir(), flora_home / "models" / "tiny")
     # A copy of the tiny dataset with one damaged episode: the run must succeed, log
     # everything to MLflow, and hand only the valid episodes downstream.
     root = tmp_path / tiny_dataset.name
@@ -52,12 +73,13 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(airflow_home, tiny_data
     _nan_action(root, 1)
 
     dag = DagBag(dag_folder=str(REPO / "dags")).get_dag("flora_data_engine")
-    dr = dag.test(run_conf={"dataset": str(root)})
+    conf = {"dataset": str(root), "vlm_max_episodes": 1, "max_attempts": 1, "max_new_tokens": 16}
+    dr = dag.test(run_conf=conf)
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert str(dr.state) in ("success", "DagRunState.SUCCESS"), states
 
-    ti = next(t for t in dr.get_task_instances() if t.task_id == "validate")
-    state = ti.xcom_pull(task_ids="validate")
+    ti = next(t for t in dr.get_task_instances() if t.task_id == "report")
+    state = ti.xcom_pull(task_ids="report")
     assert state["dataset"] == root.name and state["episodes"] == [0, 1, 2]
     assert state["valid_episodes"] == [0, 2] and state["invalid_episodes"] == [1]
     assert state["validation_success"] is False
@@ -67,6 +89,49 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(airflow_home, tiny_data
     assert Path(state["validation_report"]).parent == Path(state["outputs_dir"], "validation")
     assert str(flora_home) in state["outputs_dir"]
 
+    ids = [f"{root.name}/{i:06d}" for i in range(3)]
+    store = TableStore(state["outputs_dir"])
+    # Segment: every valid episode (kinematic baseline), never the quarantined one.
+    events = store.read("events")
+    assert set(events.episode_id) == {ids[0], ids[2]}
+    assert set(events.model) == {"kinematic-baseline"}
+    assert set(events.run_id) == {state["mlflow_run_id"]}
+    seg = state["segment"]
+    assert seg["valid"] == "passed" and seg["rows"] == len(events) > 0
+    assert seg["episodes_in"] == [0, 2] and Path(seg["table_dir"]) == store.root / "events"
+
+    # VLM steps: the first valid episode only (vlm_max_episodes=1). Every event / episode
+    # ends as a validated row or as a recorded failure with its reason — nothing filled.
+    ev0 = _events_of(events, ids[0])
+    caps, cap_fails = store.read("captions"), store.failures("captions")
+    assert set(caps.episode_id) <= {ids[0]} and {f.episode_id for f in cap_fails} <= {ids[0]}
+    captioned = set(_events_of(caps, ids[0]).event_index) if len(caps) else set()
+    failed = {int(f.item.split()[1]) for f in cap_fails}
+    assert captioned | failed == set(ev0.event_index) and not captioned & failed
+    assert all(f.reason for f in cap_fails)
+    assert state["caption"]["episodes_in"] == [0]
+    assert state["caption"]["n_failures"] == len(cap_fails)
+    for step, table in (("outcome", "outcome"), ("dense", "dense_labels"), ("rubric", "rubric")):
+        df, fails = store.read(table), store.failures(table)
+        rows_for = set(df.episode_id) if len(df) else set()
+        failed_for = {f.episode_id for f in fails}
+        assert ids[0] in rows_for | failed_for, table  # processed: a row or a failure
+        assert ids[2] not in rows_for | failed_for, table  # beyond vlm_max_episodes
+        assert all(f.reason and f.item for f in fails), table
+        rep = state[step]
+        assert rep["table"] == table and rep["n_failures"] == len(fails)
+        assert rep["rows"] == len(df) and rep["episodes_in"] == [0]
+        if len(df):
+            assert rep["valid"] == "passed" and set(df.run_id) == {state["mlflow_run_id"]}
+        else:
+            assert rep["valid"] == "empty"
+        assert state["tables"][table]["failures"] == len(fails)
+    # The tiny random model does not follow the grammars: its failures name the grammar.
+    assert any("attempt" in f.reason for t in ("outcome", "rubric") for f in store.failures(t))
+    summary = json.loads(Path(state["summary_path"]).read_text())
+    assert set(summary) == {"events", "captions", "outcome", "dense_labels", "rubric"}
+    assert summary["events"]["rows"] == len(events)
+
     s = get_settings()
     assert str(flora_home) in s.tracking_uri
     client = MlflowClient(tracking_uri=s.tracking_uri)
@@ -75,13 +140,77 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(airflow_home, tiny_data
     assert run.data.tags["dataset"] == root.name
     assert run.data.tags["orchestrator"] == "airflow"
     assert run.data.tags["airflow.run_id"] == dr.run_id
-    assert run.data.tags["flora.steps"] == "ingest,validate"
+    steps = run.data.tags["flora.steps"].split(",")
+    assert steps[:4] == ["ingest", "validate", "segment", "caption"] and steps[-1] == "report"
+    assert sorted(steps[4:7]) == ["dense", "outcome", "rubric"]
     assert run.data.tags["validation.raw"] == "failed"
+    assert run.data.tags["validation.events"] == "passed"
+    assert run.data.tags["step.segment.model"] == "kinematic-baseline"
+    assert run.data.tags["step.caption.model"] == "transformers"
     m = run.data.metrics
     assert m["ingest.episodes"] == 3 and m["table.manifest.rows"] == 3
     assert m["validation.raw.success"] == 0.0 and m["validation.valid_episodes"] == 2
+    assert m["step.segment.rows"] == len(events) and m["step.segment.episodes_in"] == 2
+    assert m["table.events.rows"] == len(events) and m["validation.events.success"] == 1.0
+    assert 0.0 <= m["segment.f1_at_0.5"] <= 1.0 and m["segment.n_ref"] > 0
+    assert m["segment.missing_episodes"] == 1  # the quarantined episode predicts nothing
+    for step, table in (("caption", "captions"), ("outcome", "outcome"),
+                        ("dense", "dense_labels"), ("rubric", "rubric")):  # fmt: skip
+        assert m[f"step.{step}.episodes_in"] == 1
+        assert m[f"step.{step}.failures"] == len(store.failures(table))
+        assert m[f"table.{table}.rows"] == state[step]["rows"]
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "validation")}
-    assert "validation/raw.json" in arts
+    assert {"validation/raw.json", "validation/events.json"} <= arts
+    steps_arts = {a.path for a in client.list_artifacts(run.info.run_id, "steps")}
+    assert steps_arts == {f"steps/{s}.json" for s in ("segment", "caption", "outcome",
+                                                      "dense", "rubric")}  # fmt: skip
+    logged = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "engine_summary.json" in logged
+
+
+def test_table_failing_its_suite_stops_the_run(airflow_home, tiny_dataset, tmp_path, monkeypatch):
+    """A corrupt events table fails ``segment``: nothing downstream runs, MLflow run FAILED."""
+    import pandas as pd
+    from airflow.dag_processing.dagbag import DagBag
+    from mlflow.tracking import MlflowClient
+
+    from flora.segment.run import EVENT_DTYPES
+    from flora.settings import get_settings
+    from flora.tables import TableStore
+
+    home = tmp_path / "flora_home"
+    monkeypatch.setenv("FLORA_HOME", str(home))
+    get_settings.cache_clear()
+    # Another dataset's part already in the shared store, with an inverted interval.
+    bad = {"episode_id": "other/000003", "dataset": "other", "model": "m", "model_version": "1",
+           "run_id": "r", "event_index": 0, "start_us": 2_000_000, "end_us": 1_000_000,
+           "duration_us": 5_000_000, "caption": "", "source": "stitch", "n_windows": 1,
+           "windows": "0", "profile": "standard", "start_refined": False,
+           "end_refined": False}  # fmt: skip
+    TableStore(home / "outputs").write(
+        "events", "other/000003", pd.DataFrame([bad]).astype(EVENT_DTYPES)
+    )
+    dag = DagBag(dag_folder=str(REPO / "dags")).get_dag("flora_data_engine")
+    dr = dag.test(run_conf={"dataset": str(tiny_dataset)})
+    states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+    assert "failed" in str(dr.state).lower(), states
+    assert states["validate"].endswith("success") and states["segment"].endswith("failed")
+    for t in ("caption", "reward_outcome", "reward_dense", "reward_rubric", "report"):
+        assert states[t].endswith("upstream_failed"), states
+
+    client = MlflowClient(tracking_uri=get_settings().tracking_uri)
+    exp = client.get_experiment_by_name(get_settings().mlflow_experiment)
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["validation.events"] == "failed"
+    assert run.data.metrics["validation.events.success"] == 0.0
+    report = json.loads(
+        Path(
+            client.download_artifacts(run.info.run_id, "validation/events.json", str(tmp_path))
+        ).read_text()
+    )
+    assert report["failing_episodes"] == ["other/000003"]
+    assert not (home / "outputs" / "captions").exists()
 
 
 def test_kubernetes_provider_with_airflow_3(airflow_home):
@@ -107,3 +236,43 @@ def test_kubernetes_provider_with_airflow_3(airflow_home):
         )
     assert dag.get_task("segment_gpu") is op
     assert op.container_resources.limits == {"nvidia.com/gpu": "1"}
+
+
+def test_step_options_and_backend_choice(tmp_path):
+    """What the adapters pass on: episode bound, token cap, and FLORA_BACKEND -> backends."""
+    import pytest
+
+    from flora.backends.openai_backend import OpenAIBackend
+    from flora.engine import (
+        StepOptions,
+        ensure_tiny_vlm,
+        segment_backend,
+        tiny_model_dir,
+        vlm_backend,
+    )
+    from flora.settings import FloraSettings
+
+    opts = StepOptions.from_mapping({"vlm_max_episodes": 2, "max_new_tokens": 16, "x": 1})
+    assert opts.vlm_episodes([5, 1, 3]) == [1, 3]
+    assert (opts.tokens(8), opts.tokens(768)) == (8, 16)
+    default = StepOptions.from_mapping({"vlm_max_episodes": None, "max_new_tokens": None})
+    assert default == StepOptions() and default.vlm_episodes([2, 0]) == [0, 2]
+    assert default.tokens(768) == 768 and default.max_attempts == 3
+    with pytest.raises(ValueError, match="max_attempts"):
+        StepOptions(max_attempts=0)
+
+    # Production: one configured backend for every VLM step; no tiny model is built.
+    served = FloraSettings(home=tmp_path / "a", backend="openai",
+                           openai_base_url="http://127.0.0.1:9")  # fmt: skip
+    assert isinstance(segment_backend(served), OpenAIBackend)
+    assert isinstance(vlm_backend(served), OpenAIBackend)
+    assert vlm_backend(served) is vlm_backend(served)  # loaded once per process
+    assert not tiny_model_dir(served).exists()
+    # Embedded default: kinematic segmenter; the tiny model is built once, atomically.
+    embedded = FloraSettings(home=tmp_path / "b")
+    assert segment_backend(embedded) is None
+    path = ensure_tiny_vlm(tiny_model_dir(embedded))
+    assert path == tmp_path / "b" / "models" / "tiny" and (path / "flora_tiny.json").exists()
+    stamp = (path / "config.json").stat().st_mtime_ns
+    assert ensure_tiny_vlm(path) == path and (path / "config.json").stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in path.parent.iterdir()) == ["tiny"]  # no temp dir left

@@ -1,0 +1,537 @@
+"""The data-engine steps as orchestrator-neutral calls (what the DAG and KFP adapters call).
+
+The Airflow DAG ``flora_data_engine`` and the KFP components in ``components/`` are thin
+adapters: each calls one ``run_*`` function here and logs its :class:`StepReport` to the
+pipeline run's MLflow run. These functions only *wire* the step functions of
+``flora.segment`` / ``flora.caption`` / ``flora.reward`` (which write the tables with
+``TableStore`` and validate them with their GX suites): backend selection, which
+episodes a step gets, decoding budgets, and a uniform report (counts, failures with
+reasons, validation). Nothing here is orchestrator specific, so the two orchestrators
+cannot drift apart.
+
+Backend choice (``docs/orchestration.md``): ``FLORA_BACKEND`` selects one backend for the
+segmenter, captioner and rewarder. With the embedded default ``kinematic`` the segmenter
+is the kinematic baseline, and the captioner and rewarder — which have no kinematic
+counterpart — run the tiny random-initialised Qwen3-VL (``flora.backends.tiny``), built
+once into ``<FLORA_HOME>/models/tiny``. Its outputs are almost always rejected by the
+grammars: those items are recorded as failures with their reasons and nothing is filled
+in. That is the honest embedded default; point ``FLORA_BACKEND`` at real checkpoints
+(``transformers``) or served models (``openai``) to get real captions and rewards.
+
+A table that fails its suite is never handed on: the step raises
+``TableValidationError`` (after logging the report), so the orchestrator task fails and
+its downstream tasks do not run. Rows of single episodes that fail a suite are quarantined
+by the step functions themselves (recorded as failures, not written).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from flora.settings import FloraSettings, get_settings
+
+if TYPE_CHECKING:
+    from flora.backends.base import VLMBackend
+
+log = logging.getLogger(__name__)
+
+#: Steps after validation, in pipeline order, and the table each one writes.
+STEP_TABLES: dict[str, str] = {
+    "segment": "events",
+    "caption": "captions",
+    "outcome": "outcome",
+    "dense": "dense_labels",
+    "rubric": "rubric",
+}
+REWARD_MODES: tuple[str, ...] = ("outcome", "dense", "rubric")
+#: Failures carried inline in a report (all of them are in the table's ``_failures/``).
+INLINE_FAILURES = 5
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Run-level knobs shared by the VLM steps (DAG params / KFP pipeline parameters).
+
+    ``vlm_max_episodes``: the captioner and rewarder process only the first N valid
+    episodes (``None``: all) — a bound for CPU demos with the tiny model. ``max_attempts``:
+    bounded parse retries per item. ``max_new_tokens``: a cap on every VLM step's own
+    generation budget (``None``: each step's default). ``rubric``: a rubric YAML/JSON for
+    every episode (``None``: the dataset's ``ground_truth/rubric.json`` family rubrics when
+    present, otherwise every episode is recorded as "no rubric").
+    """
+
+    vlm_max_episodes: int | None = None
+    max_attempts: int = 3
+    max_new_tokens: int | None = None
+    rubric: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.vlm_max_episodes is not None and self.vlm_max_episodes < 0:
+            raise ValueError(f"vlm_max_episodes must be >= 0, got {self.vlm_max_episodes}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @classmethod
+    def from_mapping(cls, d: dict[str, Any] | None) -> StepOptions:
+        """From DAG params / run conf (unknown keys ignored; ``None``/0 mean "default")."""
+        d = d or {}
+        n = d.get("vlm_max_episodes")
+        tok = d.get("max_new_tokens")
+        return cls(
+            vlm_max_episodes=int(n) if n not in (None, "", 0) else None,
+            max_attempts=int(d.get("max_attempts") or 3),
+            max_new_tokens=int(tok) if tok not in (None, "", 0) else None,
+            rubric=str(d["rubric"]) if d.get("rubric") else None,
+        )
+
+    def vlm_episodes(self, valid: Sequence[int]) -> list[int]:
+        """The valid episodes the VLM steps process (index order)."""
+        eps = sorted(int(i) for i in valid)
+        return eps if self.vlm_max_episodes is None else eps[: self.vlm_max_episodes]
+
+    def tokens(self, default: int) -> int:
+        """A step's generation budget: its default, capped by ``max_new_tokens``."""
+        return default if self.max_new_tokens is None else min(default, self.max_new_tokens)
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def tiny_model_dir(settings: FloraSettings | None = None) -> Path:
+    """Where the embedded tiny VLM lives: ``<FLORA_HOME>/models/tiny``."""
+    s = settings or get_settings()
+    return (s.home / "models" / "tiny").resolve()
+
+
+def ensure_tiny_vlm(path: str | Path) -> Path:
+    """Build the tiny random Qwen3-VL at ``path`` unless a complete one is there.
+
+    Built into a sibling temp dir and renamed, so concurrent workers never see a half
+    written checkpoint (the marker ``flora_tiny.json`` is written last by the builder).
+    """
+    from flora.backends.tiny import build_tiny_vlm
+
+    path = Path(path)
+    if (path / "flora_tiny.json").exists():
+        return path
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    build_tiny_vlm(tmp, family="qwen3_vl", seed=0)
+    try:
+        if path.exists():  # an incomplete leftover (no marker): replace it
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (path / "flora_tiny.json").exists():
+            raise
+    return path
+
+
+_backend_lock = threading.Lock()
+_backend_cache: dict[tuple, Any] = {}
+
+
+def _settings_key(s: FloraSettings) -> tuple:
+    return (s.backend, s.model_path, s.adapter_path, s.openai_base_url, s.openai_model,
+            s.device, str(tiny_model_dir(s)))  # fmt: skip
+
+
+def segment_backend(settings: FloraSettings | None = None) -> VLMBackend | None:
+    """The segmenter's backend: ``make_backend`` (``None`` = kinematic baseline)."""
+    from flora.backends import make_backend
+
+    return make_backend(settings or get_settings())
+
+
+def vlm_backend(settings: FloraSettings | None = None) -> VLMBackend:
+    """The captioner's / rewarder's backend: the configured one, else the tiny model.
+
+    Cached per process and configuration (Airflow ``dags test`` runs every task in one
+    process; loading the model once is enough).
+    """
+    from flora.backends import make_backend
+
+    s = settings or get_settings()
+    key = _settings_key(s)
+    with _backend_lock:
+        if key in _backend_cache:
+            return _backend_cache[key]
+        b = make_backend(s)
+        if b is None:
+            from flora.backends.transformers_backend import TransformersBackend
+
+            b = TransformersBackend(ensure_tiny_vlm(tiny_model_dir(s)), device=s.device)
+        _backend_cache[key] = b
+        return b
+
+
+def backend_label(backend: Any) -> tuple[str, str]:
+    """(model name, model version) as written into the tables' common columns."""
+    if backend is None:
+        from flora.segment import kinematic
+
+        return kinematic.MODEL_NAME, kinematic.MODEL_VERSION
+    return (str(getattr(backend, "name", type(backend).__name__)),
+            str(getattr(backend, "model_version", "")))  # fmt: skip
+
+
+# --------------------------------------------------------------------------- reports
+
+
+@dataclass
+class StepReport:
+    """What one step did, for logs, MLflow and the orchestrator's hand-off (JSON-able)."""
+
+    step: str
+    table: str
+    table_dir: str
+    dataset: str
+    episodes_in: list[int]
+    processed: list[str]
+    skipped: list[str]
+    rows: int  # rows of this dataset's input episodes now in the table
+    episodes_with_rows: int
+    failures: list[dict[str, str]]  # this dataset's input episodes' recorded failures
+    valid: bool | None  # the whole table passed its suite (None: table empty)
+    model: str
+    model_version: str
+    validation: dict[str, Any] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def validation_state(self) -> str:
+        """``passed`` / ``failed`` / ``empty`` (no rows to validate)."""
+        return "empty" if self.valid is None else ("passed" if self.valid else "failed")
+
+    @property
+    def failed_episodes(self) -> list[str]:
+        return sorted({f["episode_id"] for f in self.failures})
+
+    def counts(self) -> dict[str, float]:
+        """``step.<step>.*`` metrics."""
+        c = {
+            "episodes_in": len(self.episodes_in),
+            "processed": len(self.processed),
+            "skipped": len(self.skipped),
+            "rows": self.rows,
+            "episodes_with_rows": self.episodes_with_rows,
+            "failures": len(self.failures),
+            "failed_episodes": len(self.failed_episodes),
+        }
+        return {f"step.{self.step}.{k}": float(v) for k, v in c.items()}
+
+    def to_dict(self, *, all_failures: bool = False) -> dict[str, Any]:
+        """JSON summary (no nulls); inline failures are capped unless ``all_failures``.
+
+        ``valid`` is the validation state string (``validation_state``).
+        """
+        d = asdict(self)
+        d.pop("validation")
+        # A string, not None: KFP parameters (protobuf structs) cannot hold nulls.
+        d["valid"] = self.validation_state
+        d["n_failures"] = len(self.failures)
+        d["failed_episodes"] = self.failed_episodes
+        if not all_failures:
+            d["failures"] = self.failures[:INLINE_FAILURES]
+        return d
+
+    def log_mlflow(self) -> None:
+        """Log counts, table summary, validation and all failures to the active run."""
+        import mlflow
+
+        from flora.tracking import log_validation
+
+        mlflow.log_metrics({**self.counts(), **self.metrics})
+        mlflow.set_tags(
+            {
+                f"step.{self.step}.table_dir": self.table_dir,
+                f"step.{self.step}.model": self.model,
+                f"step.{self.step}.model_version": self.model_version,
+            }
+        )
+        mlflow.log_metrics(
+            {f"table.{self.table}.rows": float(self.rows),
+             f"table.{self.table}.episodes": float(self.episodes_with_rows)}
+        )  # fmt: skip
+        if self.validation is not None:
+            log_validation(_DictReport(self.validation), name=self.table)
+        else:
+            mlflow.set_tag(f"validation.{self.table}", "empty")
+        mlflow.log_dict(self.to_dict(all_failures=True), f"steps/{self.step}.json")
+
+
+@dataclass
+class _DictReport:
+    """A ValidationReport already turned into a dict (what ``log_validation`` reads)."""
+
+    d: dict[str, Any]
+
+    @property
+    def success(self) -> bool:
+        return bool(self.d.get("success"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.d
+
+
+def _ids(dataset: str, episodes: Sequence[int]) -> set[str]:
+    return {f"{dataset}/{int(i):06d}" for i in episodes}
+
+
+def _report(
+    step: str,
+    out_dir: Path,
+    dataset: str,
+    episodes: Sequence[int],
+    *,
+    processed: Sequence[str],
+    skipped: Sequence[str],
+    validation: Any,
+    backend: Any,
+    metrics: dict[str, float] | None = None,
+) -> StepReport:
+    from flora.tables import TableStore
+
+    table = STEP_TABLES[step]
+    store = TableStore(out_dir)
+    ids = _ids(dataset, episodes)
+    df = store.read(table)
+    mine = df[df["episode_id"].isin(ids)] if len(df) else df
+    fails = [asdict(f) for f in store.failures(table) if f.episode_id in ids]
+    model, version = backend_label(backend)
+    vd = validation.to_dict() if validation is not None else None
+    return StepReport(
+        step=step,
+        table=table,
+        table_dir=str((out_dir / table).resolve()),
+        dataset=dataset,
+        episodes_in=[int(i) for i in episodes],
+        processed=list(processed),
+        skipped=list(skipped),
+        rows=int(len(mine)),
+        episodes_with_rows=int(mine["episode_id"].nunique()) if len(mine) else 0,
+        failures=fails,
+        valid=None if vd is None else bool(vd["success"]),
+        model=model,
+        model_version=version,
+        validation=vd,
+        metrics=dict(metrics or {}),
+    )
+
+
+def _log_rejected_table(err: Exception, table: str) -> None:
+    """Before a TableValidationError propagates: log its report to the active MLflow run."""
+    import mlflow
+
+    from flora.tracking import log_validation
+
+    if mlflow.active_run() is not None and getattr(err, "report", None) is not None:
+        log_validation(err.report, name=table)  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def run_segment(
+    dataset_path: str | Path,
+    out_dir: str | Path,
+    episodes: Sequence[int],
+    run_id: str,
+    *,
+    settings: FloraSettings | None = None,
+    evaluate: bool = True,
+    progress: bool = True,
+) -> StepReport:
+    """Segment ``episodes`` into the ``events`` table under ``out_dir``.
+
+    Backend: ``segment_backend`` (kinematic baseline by default). When the dataset has a
+    toy-world ground truth (``ground_truth/events.parquet``) and ``evaluate``, the events
+    are scored (``flora.segment.evaluate``) and the metrics come back as
+    ``segment.<metric>`` (e.g. ``segment.f1_at_0.5``).
+    """
+    from flora.data import open_dataset
+    from flora.segment.run import segment_dataset
+    from flora.validation.core import TableValidationError
+
+    root, out = Path(dataset_path), Path(out_dir)
+    name = open_dataset(root).name
+    backend = segment_backend(settings)
+    try:
+        res = segment_dataset(root, out, backend, run_id, episodes=list(episodes),
+                              progress=progress)  # fmt: skip
+    except TableValidationError as e:
+        _log_rejected_table(e, "events")
+        raise
+    metrics: dict[str, float] = {}
+    if evaluate and (root / "ground_truth" / "events.parquet").exists():
+        from flora.segment.evaluate import evaluate_events
+
+        ev = evaluate_events(res.events, root)
+        metrics = {f"segment.{k}".replace("@", "_at_"): float(v) for k, v in ev.metrics.items()}
+        metrics["segment.missing_episodes"] = float(len(ev.missing_episodes))
+    return _report("segment", out, name, episodes, processed=res.processed,
+                   skipped=res.skipped, validation=res.report, backend=backend,
+                   metrics=metrics)  # fmt: skip
+
+
+def run_caption(
+    dataset_path: str | Path,
+    events: str | Path | pd.DataFrame,
+    out_dir: str | Path,
+    episodes: Sequence[int],
+    run_id: str,
+    *,
+    options: StepOptions | None = None,
+    settings: FloraSettings | None = None,
+    progress: bool = True,
+) -> StepReport:
+    """Caption the events of ``episodes`` (``options.vlm_episodes`` of them) into ``captions``.
+
+    ``events``: the events table (TableStore root, ``events/`` folder, Parquet file or
+    DataFrame). Backend: ``vlm_backend``.
+    """
+    from flora.caption.run import CaptionConfig, caption_dataset
+    from flora.data import open_dataset
+    from flora.validation.core import TableValidationError
+
+    opt = options or StepOptions()
+    root, out = Path(dataset_path), Path(out_dir)
+    name = open_dataset(root).name
+    eps = opt.vlm_episodes(episodes)
+    backend = vlm_backend(settings)
+    base = CaptionConfig()
+    cfg = CaptionConfig(
+        max_attempts=opt.max_attempts, max_new_tokens=opt.tokens(base.max_new_tokens)
+    )
+    try:
+        res = caption_dataset(root, events, out, backend, run_id, config=cfg, episodes=eps,
+                              progress=progress)  # fmt: skip
+    except TableValidationError as e:
+        _log_rejected_table(e, "captions")
+        raise
+    return _report("caption", out, name, eps, processed=res.processed, skipped=res.skipped,
+                   validation=res.report, backend=backend)  # fmt: skip
+
+
+def rubric_source(dataset_path: str | Path, rubric: str | None = None) -> Any:
+    """The rubric(s) for the rubric step: a file, the toy world's family rubrics, or none."""
+    from flora.reward.rubric import load_rubric
+
+    if rubric:
+        return load_rubric(rubric)
+    root = Path(dataset_path)
+    if (root / "ground_truth" / "rubric.json").exists():
+        from flora.reward.benchmark import gt_rubric_for
+
+        return gt_rubric_for(root)
+    return lambda _episode: None  # recorded per episode: "no rubric for this episode's task"
+
+
+def run_reward(
+    mode: str,
+    dataset_path: str | Path,
+    out_dir: str | Path,
+    episodes: Sequence[int],
+    run_id: str,
+    *,
+    options: StepOptions | None = None,
+    settings: FloraSettings | None = None,
+    progress: bool = True,
+) -> StepReport:
+    """One rewarder mode (``outcome`` | ``dense`` | ``rubric``) into its table.
+
+    Episode rows failing the table's suite are quarantined by the step function (recorded
+    as failures, not written); if the whole table then fails its suite, this raises
+    ``TableValidationError`` so the table is not handed on.
+    """
+    from flora.data import open_dataset
+    from flora.reward import run as rr
+    from flora.validation.core import TableValidationError
+
+    if mode not in REWARD_MODES:
+        raise ValueError(f"unknown reward mode {mode!r}; expected one of {REWARD_MODES}")
+    opt = options or StepOptions()
+    root, out = Path(dataset_path), Path(out_dir)
+    ds = open_dataset(root)
+    eps = opt.vlm_episodes(episodes)
+    backend = vlm_backend(settings)
+    kw: dict[str, Any] = {"run_id": run_id, "episodes": eps, "max_attempts": opt.max_attempts,
+                          "progress": progress}  # fmt: skip
+    default_tokens = {"outcome": rr.OUTCOME_MAX_NEW_TOKENS, "dense": rr.DENSE_MAX_NEW_TOKENS,
+                      "rubric": rr.RUBRIC_MAX_NEW_TOKENS}  # fmt: skip
+    kw["max_new_tokens"] = opt.tokens(default_tokens[mode])
+    if mode == "rubric":
+        res = rr.rubric_dataset(ds, backend, out, rubric_source(root, opt.rubric), **kw)
+    else:
+        res = rr.reward_dataset(mode, ds, backend, out, **kw)  # type: ignore[arg-type]
+    if res.validation is not None and not res.validation.success:
+        err = TableValidationError(res.validation)
+        _log_rejected_table(err, res.table)
+        raise err
+    processed = sorted(set(res.written) | {f.episode_id for f in res.failures})
+    return _report(mode, out, ds.name, eps, processed=processed, skipped=res.skipped,
+                   validation=res.validation, backend=backend)  # fmt: skip
+
+
+def engine_summary(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One dict per table (rows, failures, location, validity) from step report dicts."""
+    out: dict[str, Any] = {}
+    for r in reports:
+        out[r["table"]] = {
+            "step": r["step"],
+            "table_dir": r["table_dir"],
+            "rows": r["rows"],
+            "episodes_in": len(r["episodes_in"]),
+            "episodes_with_rows": r["episodes_with_rows"],
+            "failures": r["n_failures"],
+            "failed_episodes": len(r["failed_episodes"]),
+            "valid": r["valid"],
+            "model": r["model"],
+            "model_version": r["model_version"],
+            "metrics": r.get("metrics", {}),
+            "failure_examples": [
+                f"{f['episode_id']} {f['item']}: {f['reason']}" for f in r["failures"][:2]
+            ],  # fmt: skip
+        }
+    return out
+
+
+def write_json(obj: Any, path: str | Path) -> Path:
+    """Write ``obj`` as indented JSON (parents created) and return the path."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(obj, indent=1, default=str))
+    return p
+
+
+__all__ = [
+    "REWARD_MODES",
+    "STEP_TABLES",
+    "StepOptions",
+    "StepReport",
+    "engine_summary",
+    "ensure_tiny_vlm",
+    "rubric_source",
+    "run_caption",
+    "run_reward",
+    "run_segment",
+    "segment_backend",
+    "tiny_model_dir",
+    "vlm_backend",
+    "write_json",
+]
