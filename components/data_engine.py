@@ -45,24 +45,12 @@ def ingest_op(
     from collections import namedtuple
     from pathlib import Path
 
-    import mlflow
-
-    from flora.data.ingest import ingest_dataset
-    from flora.tracking import log_table_summary, mlflow_run
+    from flora.engine import ingest_tracked
 
     path = Path(dataset_path).resolve()
     tags = {"dataset": path.name, "dataset_path": str(path), "orchestrator": "kfp"}
-    with mlflow_run("ingest", tags=tags, run_name=run_name or f"kfp/{path.name}") as run:
-        result = ingest_dataset(path, out=manifest.path, progress=False)
-        log_table_summary("manifest", result.manifest)
-        mlflow.log_metrics(
-            {
-                "ingest.episodes": len(result.manifest),
-                "ingest.ok": result.n_ok,
-                "ingest.errors": result.n_error,
-            }
-        )
-        run_id = run.info.run_id
+    result, run_id = ingest_tracked(path, manifest.path, tags=tags,
+                                    run_name=run_name or f"kfp/{path.name}")  # fmt: skip
     manifest.metadata.update({"dataset": result.dataset.name, "episodes": len(result.manifest)})
     out = namedtuple("Outputs", ["dataset", "mlflow_run_id", "episodes", "ingested"])
     return out(result.dataset.name, run_id, len(result.manifest), result.n_ok)
@@ -116,17 +104,12 @@ def segment_op(
     """Segment the valid episodes (backend from FLORA_BACKEND; kinematic by default)."""
     from collections import namedtuple
 
-    from flora.engine import run_segment
-    from flora.tracking import mlflow_run
+    from flora.engine import publish_kfp, run_segment, tracked
 
-    with mlflow_run("segment", run_id=mlflow_run_id):
-        rep = run_segment(dataset_path, events.path, valid_episodes, mlflow_run_id)
-        rep.log_mlflow()
-    for k, v in {**rep.counts(), **rep.metrics}.items():
-        metrics.log_metric(k, v)
-    events.metadata.update({"table": rep.table, "rows": rep.rows, "model": rep.model})
+    rep = tracked("segment", mlflow_run_id, run_segment, dataset_path, events.path,
+                  valid_episodes, mlflow_run_id)  # fmt: skip
     out = namedtuple("Outputs", ["rows", "failures", "report"])
-    return out(rep.rows, len(rep.failures), rep.to_dict())
+    return out(*publish_kfp(rep, metrics, events))
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
@@ -144,22 +127,16 @@ def caption_op(
     """Caption the events (backend: FLORA_BACKEND, else the tiny model). 0 = default."""
     from collections import namedtuple
 
-    from flora.engine import StepOptions, run_caption
-    from flora.tracking import mlflow_run
+    from flora.engine import StepOptions, publish_kfp, run_caption, tracked
 
     opts = StepOptions.from_mapping(
         {"vlm_max_episodes": vlm_max_episodes, "max_attempts": max_attempts,
          "max_new_tokens": max_new_tokens}
     )  # fmt: skip
-    with mlflow_run("caption", run_id=mlflow_run_id):
-        rep = run_caption(dataset_path, events.path, captions.path, valid_episodes,
-                          mlflow_run_id, options=opts)  # fmt: skip
-        rep.log_mlflow()
-    for k, v in rep.counts().items():
-        metrics.log_metric(k, v)
-    captions.metadata.update({"table": rep.table, "rows": rep.rows, "model": rep.model})
+    rep = tracked("caption", mlflow_run_id, run_caption, dataset_path, events.path,
+                  captions.path, valid_episodes, mlflow_run_id, options=opts)  # fmt: skip
     out = namedtuple("Outputs", ["rows", "failures", "report"])
-    return out(rep.rows, len(rep.failures), rep.to_dict())
+    return out(*publish_kfp(rep, metrics, captions))
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
@@ -178,22 +155,16 @@ def reward_op(
     """One rewarder mode (outcome | dense | rubric) into its table. 0/"" = default."""
     from collections import namedtuple
 
-    from flora.engine import StepOptions, run_reward
-    from flora.tracking import mlflow_run
+    from flora.engine import StepOptions, publish_kfp, run_reward, tracked
 
     opts = StepOptions.from_mapping(
         {"vlm_max_episodes": vlm_max_episodes, "max_attempts": max_attempts,
          "max_new_tokens": max_new_tokens, "rubric": rubric}
     )  # fmt: skip
-    with mlflow_run(mode, run_id=mlflow_run_id):
-        rep = run_reward(mode, dataset_path, table.path, valid_episodes, mlflow_run_id,
-                         options=opts)  # fmt: skip
-        rep.log_mlflow()
-    for k, v in rep.counts().items():
-        metrics.log_metric(k, v)
-    table.metadata.update({"table": rep.table, "rows": rep.rows, "model": rep.model})
+    rep = tracked(mode, mlflow_run_id, run_reward, mode, dataset_path, table.path,
+                  valid_episodes, mlflow_run_id, options=opts)  # fmt: skip
     out = namedtuple("Outputs", ["rows", "failures", "report"])
-    return out(rep.rows, len(rep.failures), rep.to_dict())
+    return out(*publish_kfp(rep, metrics, table))
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)

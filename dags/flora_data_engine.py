@@ -97,29 +97,15 @@ def flora_data_engine() -> None:
         """Open the dataset, check every episode, write the manifest; opens the MLflow run."""
         from pathlib import Path
 
-        import mlflow
-
-        from flora.data.ingest import ingest_dataset
+        from flora.engine import ingest_tracked
         from flora.settings import get_settings
-        from flora.tracking import log_table_summary, mlflow_run
 
         s = get_settings()
         path = Path((params or {}).get("dataset") or s.dataset).resolve()
         out_dir = s.outputs_dir.resolve()
         tags = {"dataset": path.name, "dataset_path": str(path), **_run_tags(dag_run)}
-        with mlflow_run("ingest", tags=tags, run_name=f"{DAG_ID}/{path.name}") as run:
-            result = ingest_dataset(
-                path, out=out_dir / "manifest" / f"{path.name}.parquet", progress=False
-            )
-            log_table_summary("manifest", result.manifest)
-            mlflow.log_metrics(
-                {
-                    "ingest.episodes": len(result.manifest),
-                    "ingest.ok": result.n_ok,
-                    "ingest.errors": result.n_error,
-                }
-            )
-            run_id = run.info.run_id
+        result, run_id = ingest_tracked(path, out_dir / "manifest" / f"{path.name}.parquet",
+                                        tags=tags, run_name=f"{DAG_ID}/{path.name}")  # fmt: skip
         return {
             "dataset": result.dataset.name,
             "dataset_path": str(path),
@@ -170,40 +156,32 @@ def flora_data_engine() -> None:
     @task
     def segment(state: dict[str, Any]) -> dict[str, Any]:
         """Segment the valid episodes into the ``events`` table (+ F1 vs ground truth)."""
-        from flora.engine import run_segment
-        from flora.tracking import mlflow_run
+        from flora.engine import run_segment, tracked
 
-        with mlflow_run("segment", run_id=state["mlflow_run_id"]):
-            rep = run_segment(state["dataset_path"], state["outputs_dir"],
-                              state["valid_episodes"], state["mlflow_run_id"])  # fmt: skip
-            rep.log_mlflow()
+        rep = tracked("segment", state["mlflow_run_id"], run_segment, state["dataset_path"],
+                      state["outputs_dir"], state["valid_episodes"],
+                      state["mlflow_run_id"])  # fmt: skip
         return {**state, "segment": rep.to_dict()}
 
     @task
     def caption(state: dict[str, Any], params: dict | None = None) -> dict[str, Any]:
         """Caption the events of the valid episodes into the ``captions`` table."""
-        from flora.engine import StepOptions, run_caption
-        from flora.tracking import mlflow_run
+        from flora.engine import StepOptions, run_caption, tracked
 
-        with mlflow_run("caption", run_id=state["mlflow_run_id"]):
-            rep = run_caption(state["dataset_path"], state["segment"]["table_dir"],
-                              state["outputs_dir"], state["valid_episodes"],
-                              state["mlflow_run_id"],
-                              options=StepOptions.from_mapping(params))  # fmt: skip
-            rep.log_mlflow()
+        rep = tracked("caption", state["mlflow_run_id"], run_caption, state["dataset_path"],
+                      state["segment"]["table_dir"], state["outputs_dir"],
+                      state["valid_episodes"], state["mlflow_run_id"],
+                      options=StepOptions.from_mapping(params))  # fmt: skip
         return {**state, "caption": rep.to_dict()}
 
     @task
     def reward(state: dict[str, Any], mode: str, params: dict | None = None) -> dict[str, Any]:
         """One rewarder mode (outcome | dense | rubric) into its table."""
-        from flora.engine import StepOptions, run_reward
-        from flora.tracking import mlflow_run
+        from flora.engine import StepOptions, run_reward, tracked
 
-        with mlflow_run(mode, run_id=state["mlflow_run_id"]):
-            rep = run_reward(mode, state["dataset_path"], state["outputs_dir"],
-                             state["valid_episodes"], state["mlflow_run_id"],
-                             options=StepOptions.from_mapping(params))  # fmt: skip
-            rep.log_mlflow()
+        rep = tracked(mode, state["mlflow_run_id"], run_reward, mode, state["dataset_path"],
+                      state["outputs_dir"], state["valid_episodes"], state["mlflow_run_id"],
+                      options=StepOptions.from_mapping(params))  # fmt: skip
         return {**state, mode: rep.to_dict()}
 
     @task

@@ -31,7 +31,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -290,7 +290,9 @@ class _DictReport:
 
 
 def _ids(dataset: str, episodes: Sequence[int]) -> set[str]:
-    return {f"{dataset}/{int(i):06d}" for i in episodes}
+    from flora.data.episode import make_episode_id
+
+    return {make_episode_id(dataset, i) for i in episodes}
 
 
 def _report(
@@ -511,6 +513,57 @@ def engine_summary(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# --------------------------------------------------------------------------- adapters' glue
+
+
+def ingest_tracked(
+    path: str | Path, manifest_out: str | Path, *, tags: dict[str, str], run_name: str
+) -> tuple[Any, str]:
+    """Ingest ``path`` (manifest written to ``manifest_out``) in a new MLflow run.
+
+    The pipeline run's MLflow run starts here: it gets ``tags``, the manifest summary and
+    the ingest counts. Returns ``(IngestResult, mlflow_run_id)``.
+    """
+    import mlflow
+
+    from flora.data.ingest import ingest_dataset
+    from flora.tracking import log_table_summary, mlflow_run
+
+    with mlflow_run("ingest", tags=tags, run_name=run_name) as run:
+        result = ingest_dataset(path, out=manifest_out, progress=False)
+        log_table_summary("manifest", result.manifest)
+        mlflow.log_metrics(
+            {
+                "ingest.episodes": len(result.manifest),
+                "ingest.ok": result.n_ok,
+                "ingest.errors": result.n_error,
+            }
+        )
+        run_id = run.info.run_id
+    return result, run_id
+
+
+def tracked(
+    name: str, mlflow_run_id: str, step: Callable[..., StepReport], *args: Any, **kwargs: Any
+) -> StepReport:
+    """Run ``step(*args, **kwargs)`` as ``name`` in the pipeline's MLflow run; log its report."""
+    from flora.tracking import mlflow_run
+
+    with mlflow_run(name, run_id=mlflow_run_id):
+        rep = step(*args, **kwargs)
+        rep.log_mlflow()
+    return rep
+
+
+def publish_kfp(rep: StepReport, metrics: Any, table: Any) -> tuple[int, int, dict[str, Any]]:
+    """A step's KFP outputs: counts and metrics to the ``Metrics`` artifact, the table's
+    metadata on its output artifact. Returns ``(rows, failures, report dict)``."""
+    for k, v in {**rep.counts(), **rep.metrics}.items():
+        metrics.log_metric(k, v)
+    table.metadata.update({"table": rep.table, "rows": rep.rows, "model": rep.model})
+    return rep.rows, len(rep.failures), rep.to_dict()
+
+
 def write_json(obj: Any, path: str | Path) -> Path:
     """Write ``obj`` as indented JSON (parents created) and return the path."""
     p = Path(path)
@@ -526,12 +579,15 @@ __all__ = [
     "StepReport",
     "engine_summary",
     "ensure_tiny_vlm",
+    "ingest_tracked",
+    "publish_kfp",
     "rubric_source",
     "run_caption",
     "run_reward",
     "run_segment",
     "segment_backend",
     "tiny_model_dir",
+    "tracked",
     "vlm_backend",
     "write_json",
 ]

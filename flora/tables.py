@@ -12,6 +12,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +79,22 @@ class TableStore:
         for p in sorted(d.glob("*.json")) if d.exists() else []:
             out.extend(Failure(**f) for f in json.loads(p.read_text()))
         return out
+
+    def split_pending(
+        self, table: str, episode_ids: Iterable[str], *, redo: bool = False
+    ) -> tuple[list[str], list[str]]:
+        """``(todo, skipped)`` of ``episode_ids``, order kept.
+
+        An episode is skipped when its part exists and it has no recorded failures (a
+        rerun redoes failed episodes); ``redo`` puts every episode in ``todo``.
+        """
+        failed = set() if redo else {f.episode_id for f in self.failures(table)}
+        todo: list[str] = []
+        skipped: list[str] = []
+        for eid in episode_ids:
+            done = not redo and self.has(table, eid) and eid not in failed
+            (skipped if done else todo).append(eid)
+        return todo, skipped
 
     def read(self, table: str) -> pd.DataFrame:
         """All finished episodes' rows of ``table`` (empty frame if none)."""

@@ -61,3 +61,16 @@ def tiny_vlm_dir(tmp_path_factory):
         return cache[family]
 
     return make
+
+
+@pytest.fixture
+def isolated_home(tmp_path, monkeypatch):
+    """Point settings (MLflow store, outputs) at a fresh FLORA_HOME for one test."""
+    from flora.settings import get_settings
+
+    home = tmp_path / "flora_home"
+    monkeypatch.setenv("FLORA_HOME", str(home))
+    monkeypatch.delenv("FLORA_MLFLOW_TRACKING_URI", raising=False)
+    get_settings.cache_clear()
+    yield home
+    get_settings.cache_clear()

@@ -213,67 +213,28 @@ def _model_config(family: str, tok, spec: TinySpec):
     )
     half = spec.head_dim // 2  # rotary frequencies per head, split over (t, h, w)
     if family == "qwen3_vl":
-        from transformers import Qwen3VLConfig
+        from transformers import Qwen3VLConfig as config_cls
 
-        text["rope_parameters"] = {
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "mrope_section": [half - 2 * (half // 4), half // 4, half // 4],
-            "mrope_interleaved": True,
-        }
-        vision = dict(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden_size,
-            intermediate_size=2 * spec.vision_hidden_size,
-            num_heads=spec.vision_heads,
-            patch_size=16,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            out_hidden_size=spec.hidden_size,
-            num_position_embeddings=16,
-            deepstack_visual_indexes=[spec.vision_depth - 1],
-        )
-        return Qwen3VLConfig(
-            text_config=text, vision_config=vision, tie_word_embeddings=True, **common_ids
-        ), 16
-    if family == "qwen2_5_vl":
-        from transformers import Qwen2_5_VLConfig
+        patch = 16
+        text["rope_parameters"] = _mrope(half, mrope_interleaved=True)
+        vision = _vision(spec, patch, num_position_embeddings=16,
+                         deepstack_visual_indexes=[spec.vision_depth - 1])  # fmt: skip
+    elif family == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLConfig as config_cls
 
+        patch = 14
         text.pop("head_dim")  # Qwen2.5 derives it: hidden / heads
-        h = spec.hidden_size // spec.num_attention_heads // 2
-        text["rope_parameters"] = {
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "mrope_section": [h - 2 * (h // 4), h // 4, h // 4],
-        }
+        text["rope_parameters"] = _mrope(spec.hidden_size // spec.num_attention_heads // 2)
         text["bos_token_id"] = None
         text["eos_token_id"] = ids["<|im_end|>"]
-        vision = dict(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden_size,
-            intermediate_size=2 * spec.vision_hidden_size,
-            num_heads=spec.vision_heads,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=56,
-            out_hidden_size=spec.hidden_size,
-            fullatt_block_indexes=[spec.vision_depth - 1],
-        )
-        return Qwen2_5_VLConfig(
-            text_config=text, vision_config=vision, tie_word_embeddings=True, **common_ids
-        ), 14
-    if family == "qwen3_5":
-        from transformers import Qwen3_5Config
+        vision = _vision(spec, patch, window_size=56,
+                         fullatt_block_indexes=[spec.vision_depth - 1])  # fmt: skip
+    elif family == "qwen3_5":
+        from transformers import Qwen3_5Config as config_cls
 
+        patch = 16
         text.update(
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [half - 2 * (half // 4), half // 4, half // 4],
-                "mrope_interleaved": True,
-                "partial_rotary_factor": 1.0,
-            },
+            rope_parameters=_mrope(half, mrope_interleaved=True, partial_rotary_factor=1.0),
             # One Gated-DeltaNet (linear attention) layer and one full-attention layer, so
             # both of Qwen3.5's block types are exercised.
             layer_types=["linear_attention", "full_attention"][: spec.num_hidden_layers]
@@ -285,21 +246,37 @@ def _model_config(family: str, tok, spec: TinySpec):
             linear_num_value_heads=4,
             eos_token_id=ids["<|im_end|>"],
         )
-        vision = dict(
-            depth=spec.vision_depth,
-            hidden_size=spec.vision_hidden_size,
-            intermediate_size=2 * spec.vision_hidden_size,
-            num_heads=spec.vision_heads,
-            patch_size=16,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            out_hidden_size=spec.hidden_size,
-            num_position_embeddings=16,
-        )
-        return Qwen3_5Config(
-            text_config=text, vision_config=vision, tie_word_embeddings=True, **common_ids
-        ), 16
-    raise ValueError(f"unknown tiny VLM family {family!r}; expected one of {FAMILIES}")
+        vision = _vision(spec, patch, num_position_embeddings=16)
+    else:
+        raise ValueError(f"unknown tiny VLM family {family!r}; expected one of {FAMILIES}")
+    return config_cls(
+        text_config=text, vision_config=vision, tie_word_embeddings=True, **common_ids
+    ), patch
+
+
+def _mrope(half: int, **extra) -> dict:
+    """Default multimodal RoPE with ``half`` frequencies split over (t, h, w)."""
+    return {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [half - 2 * (half // 4), half // 4, half // 4],
+        **extra,
+    }
+
+
+def _vision(spec: TinySpec, patch_size: int, **extra) -> dict:
+    """The tiny vision tower settings every family shares, plus the family's ``extra``."""
+    return dict(
+        depth=spec.vision_depth,
+        hidden_size=spec.vision_hidden_size,
+        intermediate_size=2 * spec.vision_hidden_size,
+        num_heads=spec.vision_heads,
+        patch_size=patch_size,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=spec.hidden_size,
+        **extra,
+    )
 
 
 def _processor_files(out_dir: Path, family: str, patch_size: int, spec: TinySpec) -> None:

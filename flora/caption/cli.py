@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from flora.cli_common import echo_failures, parse_episodes, print_metrics
+
 
 def register(app: typer.Typer, eval_app: typer.Typer) -> None:
     """Add the captioning commands to the root CLI."""
@@ -46,7 +48,6 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
                     "or openai (FLORA_OPENAI_BASE_URL), or pass --oracle on a toy dataset",
                     param_hint="FLORA_BACKEND",
                 )
-        eps = [int(x) for x in episodes.split(",") if x.strip()] or None
         res = caption_dataset(
             dataset,
             events,
@@ -54,7 +55,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             backend,
             run_id,
             config=CaptionConfig(max_attempts=max_attempts),
-            episodes=eps,
+            episodes=parse_episodes(episodes),
             overwrite=overwrite,
         )
         typer.echo(
@@ -62,8 +63,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             f"{len(res.captions)} captions in {res.table_dir} (run {res.run_id}); "
             f"validation {'passed' if res.report.success else 'FAILED'}"
         )
-        for f in res.failures:
-            typer.echo(f"failed: {f.episode_id} {f.item}: {f.reason}", err=True)
+        echo_failures(res.failures)
 
     @eval_app.command("caption")
     def eval_caption(
@@ -80,9 +80,6 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         json_out: Path | None = typer.Option(None, "--json", help="Also write metrics here."),
     ) -> None:
         """Mean r_cap of captions vs the ground-truth requirements (seed eq. 17)."""
-        from rich.console import Console
-        from rich.table import Table
-
         from flora.caption.evaluate import evaluate_captions, ground_truth_control, log_to_mlflow
 
         if judge == "embedding":
@@ -101,12 +98,10 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             raise typer.BadParameter(f"unknown judge {judge!r}", param_hint="--judge")
         res = evaluate_captions(captions, dataset, j, min_tiou=min_tiou)
         ctl = ground_truth_control(dataset, j) if control else None
-        t = Table(title=f"captions vs ground truth: {dataset.name} ({res.judge})")
-        t.add_column("metric")
-        t.add_column("value", justify="right")
-        for k, v in {**res.metrics, **{f"control.{a}": b for a, b in (ctl or {}).items()}}.items():
-            t.add_row(k, f"{v:.4f}")
-        Console().print(t)
+        print_metrics(
+            f"captions vs ground truth: {dataset.name} ({res.judge})",
+            {**res.metrics, **{f"control.{a}": b for a, b in (ctl or {}).items()}},
+        )
         if json_out:
             json_out.write_text(json.dumps({"metrics": res.metrics, "control": ctl}, indent=1))
         if mlflow:

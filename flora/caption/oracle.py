@@ -12,20 +12,20 @@ retries); ``shuffle_seed`` answers with a caption taken from another event (cont
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from flora.backends.base import VLMRequest, VLMResponse
+from flora.backends.oracle import GroundTruthOracle
 from flora.caption.grammar import render_caption
 
 
-class GroundTruthCaptionBackend:
+class GroundTruthCaptionBackend(GroundTruthOracle):
     """Answers captioner requests with the ground-truth caption of the requested event."""
 
-    name = "ground-truth-oracle"
-    model_version = "gt"
+    fault_text = "The robot is doing something.\nNot sure."
 
     def __init__(
         self,
@@ -35,12 +35,8 @@ class GroundTruthCaptionBackend:
         min_tiou: float = 0.5,
         shuffle_seed: int | None = None,
     ) -> None:
-        from flora.data.ground_truth import load_ground_truth
-
-        self.gt = load_ground_truth(root)
-        self.faults = dict(faults or {})
+        super().__init__(root, faults)
         self.min_tiou = min_tiou
-        self.calls: list[str] = []
         self._shuffled: dict[tuple[int, int, int], str] | None = None
         if shuffle_seed is not None:
             keys = [
@@ -73,14 +69,10 @@ class GroundTruthCaptionBackend:
             return self._shuffled[(episode_index, best.start_us, best.end_us)]
         return best.caption
 
-    def _answer(self, req: VLMRequest) -> VLMResponse:
+    def respond(self, req: VLMRequest) -> VLMResponse:
+        """The caption of the event named by the request id (an error if there is none)."""
         from flora.caption.run import parse_request_id
 
-        self.calls.append(req.request_id)
-        left = self.faults.get(req.request_id, 0)
-        if left > 0:
-            self.faults[req.request_id] = left - 1
-            return VLMResponse(text="The robot is doing something.\nNot sure.", model=self.name)
         try:
             eid, _, s, e = parse_request_id(req.request_id)
             i = int(eid.rsplit("/", 1)[1])
@@ -90,10 +82,6 @@ class GroundTruthCaptionBackend:
         if cap is None:
             return VLMResponse("", error=f"oracle: no ground-truth event for {req.request_id}")
         return VLMResponse(text=render_caption(cap), model=self.name)
-
-    def generate(self, requests: Sequence[VLMRequest]) -> list[VLMResponse]:
-        """One ground-truth answer per request, in order."""
-        return [self._answer(r) for r in requests]
 
 
 __all__ = ["GroundTruthCaptionBackend"]

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from flora.backends.base import VLMBackend, VLMRequest
 from flora.caption.context import (
@@ -43,8 +42,9 @@ from flora.caption.prompts import (
     build_caption_prompt,
 )
 from flora.contract import Event
-from flora.data.episode import Episode, FloraDataError
+from flora.data.episode import Episode, FloraDataError, make_episode_id
 from flora.parsing import generate_parsed
+from flora.steps_common import read_validated, run_episodes
 from flora.tables import Failure, TableStore
 
 TABLE = "captions"
@@ -386,7 +386,7 @@ def load_events_table(events_table: str | Path | pd.DataFrame, dataset_name: str
                 file=src,
                 field="episode_id",
             )
-        df["episode_id"] = [f"{dataset_name}/{int(i):06d}" for i in df["episode_index"]]
+        df["episode_id"] = [make_episode_id(dataset_name, i) for i in df["episode_index"]]
     if "caption" not in df.columns:
         df["caption"] = ""
     if "event_index" not in df.columns:
@@ -441,52 +441,35 @@ def caption_dataset(
     is returned (``TableValidationError`` otherwise).
     """
     from flora.data.dataset import open_dataset
-    from flora.validation.core import TableValidationError, validate_table
 
     ds = open_dataset(dataset_path)
     ev = load_events_table(events_table, ds.name)
     store = TableStore(out_dir)
     run_id = run_id or f"caption-{uuid.uuid4().hex[:12]}"
-    previously_failed = {f.episode_id for f in store.failures(TABLE)}
     groups = {
         eid: g.sort_values("event_index", kind="stable") for eid, g in ev.groupby("episode_id")
     }
     order = sorted(groups)
     if episodes is not None:
-        wanted = {f"{ds.name}/{int(i):06d}" for i in episodes}
+        wanted = {make_episode_id(ds.name, i) for i in episodes}
         order = [e for e in order if e in wanted]
-    processed: list[str] = []
-    skipped: list[str] = []
-    bar = tqdm(order, desc=f"caption {ds.name}", unit="episode", disable=not progress)
-    for eid in bar:
-        if not overwrite and store.has(TABLE, eid) and eid not in previously_failed:
-            skipped.append(eid)
-            continue
+    todo, skipped = store.split_pending(TABLE, order, redo=overwrite)
+
+    def step(eid: str) -> tuple[pd.DataFrame, list[Failure], dict[str, int]]:
         g = groups[eid]
-        try:
-            ep = ds.episode(_episode_index(eid, ds.name))
-            out = caption_episode(
-                ep,
-                list(g.itertuples(index=False)),
-                backend,
-                config=config,
-                run_id=run_id,
-                event_indices=[int(i) for i in g["event_index"]],
-            )
-        except FloraDataError as e:
-            store.record_failures(TABLE, eid, [Failure(TABLE, eid, "episode", str(e))])
-            processed.append(eid)
-            continue
-        store.write(TABLE, eid, out.rows)
-        store.record_failures(TABLE, eid, out.failures)
-        processed.append(eid)
-        bar.set_postfix(captions=len(out.rows), failed=len(out.failures))
-    df = store.read(TABLE)
-    if len(df) == 0:
-        df = pd.DataFrame({c: pd.Series(dtype=t) for c, t in CAPTION_DTYPES.items()})
-    report = validate_table(TABLE, df, dataset=ds.name)
-    if not report.success:
-        raise TableValidationError(report)
+        out = caption_episode(
+            ds.episode(_episode_index(eid, ds.name)),
+            list(g.itertuples(index=False)),
+            backend,
+            config=config,
+            run_id=run_id,
+            event_indices=[int(i) for i in g["event_index"]],
+        )
+        return out.rows, out.failures, {"captions": len(out.rows), "failed": len(out.failures)}
+
+    processed = run_episodes(store, TABLE, todo, step, desc=f"caption {ds.name}",
+                             progress=progress)  # fmt: skip
+    df, report = read_validated(store, TABLE, ds.name, CAPTION_DTYPES)
     return CaptionRun(
         table_dir=Path(out_dir) / TABLE,
         captions=df,

@@ -61,6 +61,15 @@ class CameraStream:
     height: int
 
 
+def make_episode_id(dataset: str, index: int) -> str:
+    """The ``episode_id`` of episode ``index`` of ``dataset``: ``<dataset>/<index:06d>``.
+
+    One definition so steps can name an episode without loading it (reading video
+    metadata is not free).
+    """
+    return f"{dataset}/{int(index):06d}"
+
+
 @dataclass
 class Episode:
     """One robot episode: cameras, proprioception, actions and task text."""
@@ -80,7 +89,7 @@ class Episode:
     @property
     def episode_id(self) -> str:
         """Stable id used as the ``episode_id`` column of every table."""
-        return f"{self.dataset}/{self.index:06d}"
+        return make_episode_id(self.dataset, self.index)
 
     def camera_by_role(self, role: str) -> CameraStream | None:
         for cam in self.cameras.values():

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from flora.cli_common import parse_episodes, print_metrics
+
 
 def _backend(model: Path | None, oracle_root: Path | None):
     """Backend from ``--model`` (in-process transformers), ``--oracle``, or settings."""
@@ -37,10 +39,6 @@ def _out(out: Path | None) -> Path:
     return out or get_settings().outputs_dir
 
 
-def _episodes(spec: str | None) -> list[int] | None:
-    return None if not spec else [int(x) for x in spec.split(",") if x.strip()]
-
-
 def _report(res) -> None:
     from rich.console import Console
 
@@ -53,6 +51,12 @@ def _report(res) -> None:
         c.print(f"  [red]FAILED[/red] {f.episode_id} {f.item}: {f.reason}")
     if len(res.failures) > 20:
         c.print(f"  … {len(res.failures) - 20} more in {res.root / s['table'] / '_failures'}")
+
+
+def _finish(res) -> None:
+    """Print a step's result; exit 1 when its table failed validation."""
+    _report(res)
+    raise typer.Exit(0 if res.validation is None or res.validation.success else 1)
 
 
 DatasetArg = Annotated[Path, typer.Argument(help="Dataset root (LeRobot v3.0/v2.1, mp4 folder).")]
@@ -70,37 +74,26 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
                              no_args_is_help=True)  # fmt: skip
     app.add_typer(reward_app, name="reward")
 
-    @reward_app.command("outcome")
-    def outcome_cmd(
-        dataset: DatasetArg,
-        out: OutOpt = None,
-        model: ModelOpt = None,
-        episodes: EpisodesOpt = None,
-        max_attempts: AttemptsOpt = 3,
-    ) -> None:
-        """Outcome rewards (table ``outcome``)."""
-        from flora.reward.run import outcome_dataset
+    def add_mode(mode: str, doc: str) -> None:
+        # outcome and dense take the same options; one command body serves both.
+        def cmd(
+            dataset: DatasetArg,
+            out: OutOpt = None,
+            model: ModelOpt = None,
+            episodes: EpisodesOpt = None,
+            max_attempts: AttemptsOpt = 3,
+        ) -> None:
+            from flora.reward.run import reward_dataset
 
-        res = outcome_dataset(dataset, _backend(model, None), _out(out),
-                              episodes=_episodes(episodes), max_attempts=max_attempts)  # fmt: skip
-        _report(res)
-        raise typer.Exit(0 if res.validation is None or res.validation.success else 1)
+            _finish(reward_dataset(mode, dataset, _backend(model, None), _out(out),
+                                   episodes=parse_episodes(episodes),
+                                   max_attempts=max_attempts))  # fmt: skip
 
-    @reward_app.command("dense")
-    def dense_cmd(
-        dataset: DatasetArg,
-        out: OutOpt = None,
-        model: ModelOpt = None,
-        episodes: EpisodesOpt = None,
-        max_attempts: AttemptsOpt = 3,
-    ) -> None:
-        """Dense labels per 0.5 s group (table ``dense_labels``)."""
-        from flora.reward.run import dense_dataset
+        cmd.__doc__ = doc
+        reward_app.command(mode)(cmd)
 
-        res = dense_dataset(dataset, _backend(model, None), _out(out),
-                            episodes=_episodes(episodes), max_attempts=max_attempts)  # fmt: skip
-        _report(res)
-        raise typer.Exit(0 if res.validation is None or res.validation.success else 1)
+    add_mode("outcome", "Outcome rewards (table ``outcome``).")
+    add_mode("dense", "Dense labels per 0.5 s group (table ``dense_labels``).")
 
     @reward_app.command("rubric")
     def rubric_cmd(
@@ -119,10 +112,9 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             rub = load_rubric(rubric)
         except RubricError as e:
             raise typer.BadParameter(str(e), param_hint="--rubric") from e
-        res = rubric_dataset(dataset, _backend(model, None), _out(out), rub,
-                             episodes=_episodes(episodes), max_attempts=max_attempts)  # fmt: skip
-        _report(res)
-        raise typer.Exit(0 if res.validation is None or res.validation.success else 1)
+        _finish(rubric_dataset(dataset, _backend(model, None), _out(out), rub,
+                               episodes=parse_episodes(episodes),
+                               max_attempts=max_attempts))  # fmt: skip
 
     @eval_app.command("reward")
     def eval_reward(
@@ -141,7 +133,6 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
     ) -> None:
         """Score the rewarder: toy-world ground truth, or a RoboRewardBench-layout folder."""
         from rich.console import Console
-        from rich.table import Table
 
         from flora.reward.benchmark import (
             is_roborewardbench,
@@ -160,14 +151,10 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         else:
             result = run_toy_benchmark(
                 dataset, backend, root, modes=[m.strip() for m in modes.split(",") if m.strip()],
-                episodes=_episodes(episodes), max_attempts=max_attempts,
+                episodes=parse_episodes(episodes), max_attempts=max_attempts,
             )  # fmt: skip
-        t = Table(title=f"flora eval reward — {dataset.name} ({getattr(backend, 'name', '')})")
-        t.add_column("metric")
-        t.add_column("value", justify="right")
-        for k, v in result.metrics.items():
-            t.add_row(k, f"{v:.4f}")
-        Console().print(t)
+        print_metrics(f"flora eval reward — {dataset.name} ({getattr(backend, 'name', '')})",
+                      result.metrics)  # fmt: skip
         for res in result.steps.values():
             _report(res)
         if track:

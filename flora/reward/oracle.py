@@ -12,10 +12,11 @@ first, to exercise bounded retries and failure recording.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from flora.backends.base import TokenLogprob, VLMRequest, VLMResponse
+from flora.backends.oracle import GroundTruthOracle
 from flora.reward.dense import DenseWindow, plan_windows, render_dense, window_targets
 from flora.reward.outcome import SCORES, render_outcome
 from flora.reward.rubric import Rubric, render_rubric
@@ -23,11 +24,10 @@ from flora.reward.rubric import Rubric, render_rubric
 ORACLE_EPS = 1e-6  # probability given to each non-ground-truth score token
 
 
-class GroundTruthRewardBackend:
+class GroundTruthRewardBackend(GroundTruthOracle):
     """Answers outcome / dense / rubric requests exactly as the ground truth says."""
 
-    name = "ground-truth-oracle"
-    model_version = "gt"
+    fault_text = "I am not sure what happened."
 
     def __init__(
         self,
@@ -35,23 +35,15 @@ class GroundTruthRewardBackend:
         faults: Mapping[str, int] | None = None,
         durations_us: Mapping[int, int] | None = None,
     ) -> None:
-        from flora.data.ground_truth import load_ground_truth
-
-        self.gt = load_ground_truth(root)
-        self.faults = dict(faults or {})
-        self.calls: list[str] = []
+        super().__init__(root, faults)
         self._durations = dict(durations_us or {})
         eps = self.gt.tables.get("episodes")
         if eps is not None:
             for i, d in zip(eps.episode_index, eps.duration_us, strict=True):
                 self._durations.setdefault(int(i), int(d))
 
-    def _answer(self, req: VLMRequest) -> VLMResponse:
-        self.calls.append(req.request_id)
-        left = self.faults.get(req.request_id, 0)
-        if left > 0:
-            self.faults[req.request_id] = left - 1
-            return VLMResponse(text="I am not sure what happened.", model=self.name)
+    def respond(self, req: VLMRequest) -> VLMResponse:
+        """The ground truth of the request's episode, rendered in the mode's grammar."""
         eid, mode, item = req.request_id.split("|")
         i = int(eid.rsplit("/", 1)[1])
         if mode == "outcome":
@@ -71,10 +63,6 @@ class GroundTruthRewardBackend:
                 model=self.name,
             )
         return VLMResponse(text="", error=f"oracle: unknown mode {mode!r}", model=self.name)
-
-    def generate(self, requests: Sequence[VLMRequest]) -> list[VLMResponse]:
-        """One ground-truth answer per request, in order."""
-        return [self._answer(r) for r in requests]
 
 
 def _window(duration_us: int, k: int) -> DenseWindow:

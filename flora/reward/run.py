@@ -34,7 +34,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from flora.backends.base import VLMBackend, VLMRequest
-from flora.data.episode import Episode, FloraDataError
+from flora.data.episode import Episode, FloraDataError, make_episode_id
 from flora.parsing import Attempted, Rejection, generate_parsed
 from flora.reward import prompts
 from flora.reward.dense import (
@@ -247,16 +247,68 @@ def _pending(
     store: TableStore, table: str, ds: Any, episodes: Iterable[int] | None, resume: bool
 ) -> tuple[list[int], list[str]]:
     """Episode indices still to do, and the episode ids skipped as already done."""
-    idx = list(episodes) if episodes is not None else list(ds.episode_indices())
-    failed = {f.episode_id for f in store.failures(table)} if resume else set()
-    todo, skipped = [], []
-    for i in idx:
-        eid = f"{ds.name}/{int(i):06d}"
-        if resume and store.has(table, eid) and eid not in failed:
-            skipped.append(eid)
+    idx = [int(i) for i in (episodes if episodes is not None else ds.episode_indices())]
+    ids = [make_episode_id(ds.name, i) for i in idx]
+    todo_ids, skipped = store.split_pending(table, ids, redo=not resume)
+    pending = set(todo_ids)
+    return [i for i, eid in zip(idx, ids, strict=True) if eid in pending], skipped
+
+
+def _start(
+    table: str,
+    dataset: Any,
+    out: str | Path | TableStore,
+    run_id: str | None,
+    episodes: Iterable[int] | None,
+    resume: bool,
+) -> tuple[Any, TableStore, StepResult, list[int]]:
+    """Open dataset and store, start the step's result; ``(ds, store, result, todo)``."""
+    ds, store = _open(dataset), _store(out)
+    res = StepResult(table, store.root, _run_id(run_id))
+    todo, res.skipped = _pending(store, table, ds, episodes, resume)
+    return ds, store, res, todo
+
+
+def _batches(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    """``items`` in consecutive slices of ``size`` (bounded memory per model call)."""
+    return [items[c : c + size] for c in range(0, len(items), max(1, size))]
+
+
+def _build_batch(
+    ds: Any,
+    table: str,
+    indices: Sequence[int],
+    build: Callable[[Episode], Any],
+    store: TableStore,
+    res: StepResult,
+    bar: Any,
+) -> list[tuple[Episode, Any]]:
+    """Load and build each episode of a batch; one that fails is recorded and left out."""
+    batch = []
+    for i in indices:
+        ep, built, err = _load_and_build(ds, table, i, build)
+        if err is not None:
+            _finish_episode(store, table, err.episode_id, [], [err], res)
+            bar.update(1)
         else:
-            todo.append(int(i))
-    return todo, skipped
+            batch.append((ep, built))
+    return batch
+
+
+def _finish_answer(
+    store: TableStore,
+    table: str,
+    ep: Episode,
+    a: Attempted,
+    row: Callable[[Any], dict[str, Any]],
+    res: StepResult,
+    bar: Any,
+) -> None:
+    """One row from an accepted whole-episode answer, or the rejection as the failure."""
+    rows = [row(a.value)] if a.ok else []
+    fails = [] if a.ok else [Failure(table, ep.episode_id, "episode", _reason(a))]
+    _finish_episode(store, table, ep.episode_id, rows, fails, res)
+    bar.update(1)
 
 
 def _finish_episode(
@@ -316,28 +368,18 @@ def outcome_dataset(
     progress: bool = True,
 ) -> StepResult:
     """Outcome step: table ``outcome`` (score_probs[5], expected_score, reward, argmax)."""
-    ds, store, rid = _open(dataset), _store(out), _run_id(run_id)
-    res = StepResult("outcome", store.root, rid)
-    todo, res.skipped = _pending(store, "outcome", ds, episodes, resume)
+    ds, store, res, todo = _start("outcome", dataset, out, run_id, episodes, resume)
     bar = tqdm(total=len(todo), desc="reward outcome", unit="ep", disable=not progress)
-    for c in range(0, len(todo), max(1, batch_episodes)):
-        chunk: list[tuple[Episode, VLMRequest]] = []
-        for i in todo[c : c + batch_episodes]:
-            ep, req, err = _load_and_build(ds, "outcome", i, lambda e: outcome_request(
-                e, max_frames, top_logprobs, max_new_tokens))  # fmt: skip
-            if err is not None:
-                _finish_episode(store, "outcome", err.episode_id, [], [err], res)
-                bar.update(1)
-            else:
-                chunk.append((ep, req))
+    for indices in _batches(todo, batch_episodes):
+        chunk = _build_batch(ds, "outcome", indices, lambda e: outcome_request(
+            e, max_frames, top_logprobs, max_new_tokens), store, res, bar)  # fmt: skip
         answers = generate_parsed(backend, [r for _, r in chunk], parse_outcome_response,
                                   max_attempts)  # fmt: skip
         for (ep, _), a in zip(chunk, answers, strict=True):
-            rows, fails = [], []
-            if a.ok:
-                o: OutcomeScore = a.value  # type: ignore[assignment]
-                rows.append({
-                    **_common(ep, backend, rid),
+
+            def row(o: OutcomeScore, ep=ep, a=a) -> dict[str, Any]:
+                return {
+                    **_common(ep, backend, res.run_id),
                     "task": ep.task,
                     "score_probs": list(o.score_probs),
                     "expected_score": o.expected_score,
@@ -346,11 +388,9 @@ def outcome_dataset(
                     "answer_score": o.answer_score,
                     "missing_scores": list(o.missing_scores),
                     "attempts": len(a.attempts) + 1,
-                })  # fmt: skip
-            else:
-                fails.append(Failure("outcome", ep.episode_id, "episode", _reason(a)))
-            _finish_episode(store, "outcome", ep.episode_id, rows, fails, res)
-            bar.update(1)
+                }
+
+            _finish_answer(store, "outcome", ep, a, row, res, bar)
     bar.close()
     return _final_validation(store, "outcome", res)
 
@@ -375,16 +415,13 @@ def dense_dataset(
     window rejected after its retries is recorded as a failure; the times whose eq. (22)
     source is that window get no row (they are not re-sourced from a neighbour).
     """
-    ds, store, rid = _open(dataset), _store(out), _run_id(run_id)
-    res = StepResult("dense_labels", store.root, rid)
-    todo, res.skipped = _pending(store, "dense_labels", ds, episodes, resume)
+    ds, store, res, todo = _start("dense_labels", dataset, out, run_id, episodes, resume)
     for i in tqdm(todo, desc="reward dense", unit="ep", disable=not progress):
         ep, windows, err = _load_and_build(
             ds, "dense_labels", i, lambda e: plan_windows(e.duration_us)
         )
         answers: list[Attempted] = []
-        for c in range(0, len(windows or []), max(1, batch_windows)):
-            chunk = windows[c : c + batch_windows]
+        for chunk in _batches(windows or [], batch_windows):
             reqs, err = _try(
                 "dense_labels", ep.episode_id,
                 lambda ep=ep, chunk=chunk: dense_requests(ep, chunk, max_new_tokens),
@@ -407,7 +444,7 @@ def dense_dataset(
             outs = [a.value if a.ok else DenseOutput(3, (3,) * 32, ("",) * 32) for a in answers]
             ok = [a.ok for a in answers]
             src = stitch_sources(windows, times)
-            common = _common(ep, backend, rid)
+            common = _common(ep, backend, res.run_id)
             for r, (p, _g) in zip(stitch_outputs(windows, outs, times), src, strict=True):
                 if ok[p]:
                     rows.append({**common, "t_us": r.t_us, "label": r.label, "reason": r.reason,
@@ -444,30 +481,20 @@ def rubric_dataset(
     ``rubric`` is one rubric (object, dict or YAML/JSON path) for every episode, or a
     function episode -> Rubric (None: no rubric for that episode, recorded as a failure).
     """
-    ds, store, rid = _open(dataset), _store(out), _run_id(run_id)
+    ds, store, res, todo = _start("rubric", dataset, out, run_id, episodes, resume)
     pick = _rubric_for(rubric)
-    res = StepResult("rubric", store.root, rid)
-    todo, res.skipped = _pending(store, "rubric", ds, episodes, resume)
+
+    def build(e: Episode) -> tuple[Rubric, VLMRequest]:
+        r = pick(e)
+        if r is None:
+            raise FloraDataError("no rubric for this episode's task", dataset=e.dataset,
+                                 episode=e.index, field="task")  # fmt: skip
+        return r, rubric_request(e, r, max_frames, max_new_tokens)
+
     bar = tqdm(total=len(todo), desc="reward rubric", unit="ep", disable=not progress)
-    for c in range(0, len(todo), max(1, batch_episodes)):
-        chunk: list[tuple[Episode, Rubric, VLMRequest]] = []
-        for i in todo[c : c + batch_episodes]:
-            got: dict[str, Rubric] = {}
-
-            def build(e: Episode, got=got) -> VLMRequest:
-                r = pick(e)
-                if r is None:
-                    raise FloraDataError("no rubric for this episode's task", dataset=e.dataset,
-                                         episode=e.index, field="task")  # fmt: skip
-                got["r"] = r
-                return rubric_request(e, r, max_frames, max_new_tokens)
-
-            ep, req, err = _load_and_build(ds, "rubric", i, build)
-            if err is not None:
-                _finish_episode(store, "rubric", err.episode_id, [], [err], res)
-                bar.update(1)
-            else:
-                chunk.append((ep, got["r"], req))
+    for indices in _batches(todo, batch_episodes):
+        chunk = [(ep, rb, req) for ep, (rb, req) in
+                 _build_batch(ds, "rubric", indices, build, store, res, bar)]  # fmt: skip
         # generate_parsed parses a response without its request, so requests sharing a
         # rubric go in one call each (usually one per task family).
         answers: list[Attempted] = [None] * len(chunk)  # type: ignore[list-item]
@@ -479,22 +506,19 @@ def rubric_dataset(
             for j, a in zip(idx, got_rb, strict=True):
                 answers[j] = a
         for (ep, rb, _), a in zip(chunk, answers, strict=True):
-            rows, fails = [], []
-            if a.ok:
-                scores: dict[str, float] = a.value  # type: ignore[assignment]
-                rows.append({
-                    **_common(ep, backend, rid),
+
+            def row(scores: dict[str, float], ep=ep, rb=rb, a=a) -> dict[str, Any]:
+                return {
+                    **_common(ep, backend, res.run_id),
                     "task": rb.task,
                     "rubric_json": json.dumps(rb.model_dump(mode="json"), sort_keys=True),
                     "step_names": list(scores),
                     "step_scores": [float(v) for v in scores.values()],
                     "total": score(rb, scores),
                     "attempts": len(a.attempts) + 1,
-                })  # fmt: skip
-            else:
-                fails.append(Failure("rubric", ep.episode_id, "episode", _reason(a)))
-            _finish_episode(store, "rubric", ep.episode_id, rows, fails, res)
-            bar.update(1)
+                }
+
+            _finish_answer(store, "rubric", ep, a, row, res, bar)
     bar.close()
     return _final_validation(store, "rubric", res)
 
@@ -509,7 +533,8 @@ def _try(table: str, episode_id: str, fn: Callable[[], Any]) -> tuple[Any, Failu
 
 def _load_and_build(ds: Any, table: str, i: int, build: Callable[[Episode], Any]):
     """Load episode ``i`` and build its request(s): ``(episode, built, failure | None)``."""
-    got, err = _try(table, f"{ds.name}/{int(i):06d}", lambda: (ep := ds.episode(int(i)), build(ep)))
+    eid = make_episode_id(ds.name, i)
+    got, err = _try(table, eid, lambda: (ep := ds.episode(int(i)), build(ep)))
     return (None, None, err) if err is not None else (got[0], got[1], None)
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from flora.cli_common import echo_failures, parse_episodes, print_metrics
+
 
 def register(app: typer.Typer, eval_app: typer.Typer) -> None:
     """Add the segmentation commands to the root CLI."""
@@ -31,7 +33,6 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
         s = get_settings()
         backend = make_backend(s)
-        eps = [int(x) for x in episodes.split(",") if x.strip()] or None
         res = segment_dataset(
             dataset,
             out or s.outputs_dir,
@@ -39,7 +40,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             run_id,
             profile=profile,
             shift=shift,
-            episodes=eps,
+            episodes=parse_episodes(episodes),
             max_attempts=max_attempts,
             overwrite=overwrite,
         )
@@ -47,8 +48,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             f"{len(res.processed)} episodes segmented, {len(res.skipped)} skipped, "
             f"{len(res.events)} events in {res.table_dir} (run {res.run_id})"
         )
-        for f in res.failures:
-            typer.echo(f"failed: {f.episode_id} {f.item}: {f.reason}", err=True)
+        echo_failures(res.failures)
 
     @eval_app.command("segment")
     def eval_segment(
@@ -59,18 +59,14 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         json_out: Path | None = typer.Option(None, "--json", help="Also write results here."),
     ) -> None:
         """F1@0.5/0.75, precision, recall and mean tIoU of events vs ground truth."""
-        from rich.console import Console
-        from rich.table import Table
-
         from flora.segment.evaluate import evaluate_events, log_to_mlflow, read_events
 
         res = evaluate_events(read_events(events), dataset, run_id=run_id)
-        t = Table(title=f"segmentation vs ground truth: {dataset.name}")
-        t.add_column("metric")
-        t.add_column("value", justify="right")
-        for k, v in res.metrics.items():
-            t.add_row(k, f"{v:.4f}" if isinstance(v, float) and not v.is_integer() else f"{v:g}")
-        Console().print(t)
+        print_metrics(
+            f"segmentation vs ground truth: {dataset.name}",
+            res.metrics,
+            lambda v: f"{v:.4f}" if isinstance(v, float) and not v.is_integer() else f"{v:g}",
+        )
         if res.missing_episodes:
             typer.echo(f"episodes without predictions: {res.missing_episodes}")
         if json_out:

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from flora.backends.base import VLMBackend, VLMRequest, VLMResponse
 from flora.contract import ContractError, Event, validate_events
-from flora.data.episode import Episode, FloraDataError
+from flora.data.episode import Episode, FloraDataError, make_episode_id
 from flora.parsing import Rejection, generate_parsed
 from flora.segment import kinematic
 from flora.segment.grammar import parse_segments, render_segments
@@ -35,6 +34,7 @@ from flora.segment.plan import LocalSegment, Window, plan_windows
 from flora.segment.prompts import SYSTEM, segment_prompt
 from flora.segment.refine import refine_detailed
 from flora.segment.stitch import stitch_detailed
+from flora.steps_common import read_validated, run_episodes
 from flora.tables import Failure, TableStore
 
 TABLE = "events"
@@ -400,51 +400,32 @@ def segment_dataset(
     :func:`segment_episode`).
     """
     from flora.data.dataset import open_dataset
-    from flora.validation.core import TableValidationError, validate_table
 
     ds = open_dataset(dataset_path)
     store = TableStore(out_dir)
     run_id = run_id or f"segment-{uuid.uuid4().hex[:12]}"
     indices = list(ds.episode_indices()) if episodes is None else [int(i) for i in episodes]
-    previously_failed = {f.episode_id for f in store.failures(TABLE)}
-    processed: list[str] = []
-    skipped: list[str] = []
-    bar = tqdm(indices, desc=f"segment {ds.name}", unit="episode", disable=not progress)
-    for i in bar:
-        # The id is known without loading the episode (reading video metadata is not free).
-        eid = f"{ds.name}/{int(i):06d}"
-        if not overwrite and store.has(TABLE, eid) and eid not in previously_failed:
-            skipped.append(eid)
-            continue
-        try:
-            ep = ds.episode(int(i))
-            seg = segment_episode(
-                ep,
-                backend,
-                profile,
-                shift,
-                max_attempts=max_attempts,
-                max_new_tokens=max_new_tokens,
-                kinematic_config=kinematic_config,
-            )
-        except FloraDataError as e:
-            store.record_failures(TABLE, eid, [Failure(TABLE, eid, "episode", str(e))])
-            processed.append(eid)
-            continue
-        store.write(TABLE, seg.episode_id, seg.to_frame(run_id))
-        store.record_failures(
-            TABLE,
-            seg.episode_id,
-            [Failure(TABLE, seg.episode_id, f.item, f.reason) for f in seg.failures],
+    # Ids are known without loading the episodes (reading video metadata is not free).
+    index_of = {make_episode_id(ds.name, i): int(i) for i in indices}
+    todo, skipped = store.split_pending(TABLE, list(index_of), redo=overwrite)
+
+    def step(eid: str) -> tuple[pd.DataFrame, list[Failure], dict[str, int]]:
+        seg = segment_episode(
+            ds.episode(index_of[eid]),
+            backend,
+            profile,
+            shift,
+            max_attempts=max_attempts,
+            max_new_tokens=max_new_tokens,
+            kinematic_config=kinematic_config,
         )
-        processed.append(seg.episode_id)
-        bar.set_postfix(events=len(seg.events), failed_windows=len(seg.failures))
-    df = store.read(TABLE)
-    if len(df) == 0:
-        df = pd.DataFrame({c: pd.Series(dtype=t) for c, t in EVENT_DTYPES.items()})
-    report = validate_table(TABLE, df, dataset=ds.name)
-    if not report.success:
-        raise TableValidationError(report)
+        failures = [Failure(TABLE, seg.episode_id, f.item, f.reason) for f in seg.failures]
+        counts = {"events": len(seg.events), "failed_windows": len(seg.failures)}
+        return seg.to_frame(run_id), failures, counts
+
+    processed = run_episodes(store, TABLE, todo, step, desc=f"segment {ds.name}",
+                             progress=progress)  # fmt: skip
+    df, report = read_validated(store, TABLE, ds.name, EVENT_DTYPES)
     return SegmentRun(
         table_dir=Path(out_dir) / TABLE,
         events=df,

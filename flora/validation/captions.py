@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from flora.validation.core import columns_exist, common_columns, register_suite
+from flora.validation.core import (
+    checks_hold,
+    columns_exist,
+    common_columns,
+    interval_in_episode,
+    not_null,
+    register_suite,
+)
 
 CAPTION_COLUMNS = (
     "event_index",
@@ -52,25 +59,12 @@ def _captions(gxe):
     return [
         *common_columns(gxe),
         *columns_exist(gxe, *CAPTION_COLUMNS),
-        *(
-            gxe.ExpectColumnValuesToNotBeNull(column=c)
-            for c in ("event_index", "start_us", "end_us", "duration_us", "caption", "model")
-        ),
-        gxe.ExpectColumnValuesToBeInTypeList(
-            column="start_us", type_list=["int64", "int32", "Int64"]
-        ),
-        gxe.ExpectColumnValuesToBeInTypeList(
-            column="end_us", type_list=["int64", "int32", "Int64"]
-        ),
-        gxe.ExpectColumnValuesToBeBetween(column="start_us", min_value=0),
+        *not_null(gxe, "event_index", "start_us", "end_us", "duration_us", "caption", "model"),
+        *interval_in_episode(gxe),
         gxe.ExpectColumnValuesToBeBetween(column="event_index", min_value=0),
         gxe.ExpectColumnValuesToBeBetween(column="n_frames", min_value=1),
         gxe.ExpectColumnValuesToBeBetween(column="attempts", min_value=1),
-        gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="end_us", column_B="start_us"),
-        gxe.ExpectColumnPairValuesAToBeGreaterThanB(
-            column_A="duration_us", column_B="end_us", or_equal=True
-        ),
         gxe.ExpectColumnValuesToBeInSet(column="context_roles", value_set=ROLE_SETS),
         gxe.ExpectCompoundColumnsToBeUnique(column_list=["episode_id", "event_index"]),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_caption_grammar", value_set=[True]),
+        *checks_hold(gxe, "_chk_caption_grammar"),
     ]

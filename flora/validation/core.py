@@ -148,13 +148,34 @@ def columns_exist(gxe: Any, *columns: str) -> list[Any]:
     return [gxe.ExpectColumnToExist(column=c) for c in columns]
 
 
+def not_null(gxe: Any, *columns: str) -> list[Any]:
+    """One ``ExpectColumnValuesToNotBeNull`` per column."""
+    return [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in columns]
+
+
 def common_columns(gxe: Any) -> list[Any]:
     """Expectations every engine table shares: the common columns exist, ids are set."""
+    return [*columns_exist(gxe, *COMMON_COLUMNS), *not_null(gxe, "episode_id", "dataset")]
+
+
+def interval_in_episode(gxe: Any) -> list[Any]:
+    """Eq. (1) row-wise: integer ``0 <= start_us < end_us <= duration_us``."""
     return [
-        *columns_exist(gxe, *COMMON_COLUMNS),
-        gxe.ExpectColumnValuesToNotBeNull(column="episode_id"),
-        gxe.ExpectColumnValuesToNotBeNull(column="dataset"),
+        *(
+            gxe.ExpectColumnValuesToBeInTypeList(column=c, type_list=["int64", "int32", "Int64"])
+            for c in ("start_us", "end_us")
+        ),
+        gxe.ExpectColumnValuesToBeBetween(column="start_us", min_value=0),
+        gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="end_us", column_B="start_us"),
+        gxe.ExpectColumnPairValuesAToBeGreaterThanB(
+            column_A="duration_us", column_B="end_us", or_equal=True
+        ),
     ]
+
+
+def checks_hold(gxe: Any, *columns: str) -> list[Any]:
+    """Every row of each derived boolean ``_chk_*`` column is True."""
+    return [gxe.ExpectColumnValuesToBeInSet(column=c, value_set=[True]) for c in columns]
 
 
 # --------------------------------------------------------------------------- report types

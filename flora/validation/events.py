@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from flora.validation.core import columns_exist, common_columns, register_suite
+from flora.validation.core import (
+    checks_hold,
+    columns_exist,
+    common_columns,
+    interval_in_episode,
+    not_null,
+    register_suite,
+)
 
 EVENT_COLUMNS = (
     "event_index",
@@ -57,23 +64,9 @@ def _events(gxe):
     return [
         *common_columns(gxe),
         *columns_exist(gxe, *EVENT_COLUMNS),
-        gxe.ExpectColumnValuesToNotBeNull(column="start_us"),
-        gxe.ExpectColumnValuesToNotBeNull(column="end_us"),
-        gxe.ExpectColumnValuesToNotBeNull(column="duration_us"),
-        gxe.ExpectColumnValuesToNotBeNull(column="caption"),
-        gxe.ExpectColumnValuesToBeInTypeList(
-            column="start_us", type_list=["int64", "int32", "Int64"]
-        ),
-        gxe.ExpectColumnValuesToBeInTypeList(
-            column="end_us", type_list=["int64", "int32", "Int64"]
-        ),
-        gxe.ExpectColumnValuesToBeBetween(column="start_us", min_value=0),
+        *not_null(gxe, "start_us", "end_us", "duration_us", "caption"),
+        *interval_in_episode(gxe),
         gxe.ExpectColumnValuesToBeBetween(column="duration_us", min_value=1),
         gxe.ExpectColumnValuesToBeBetween(column="n_windows", min_value=1),
-        gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="end_us", column_B="start_us"),
-        gxe.ExpectColumnPairValuesAToBeGreaterThanB(
-            column_A="duration_us", column_B="end_us", or_equal=True
-        ),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_sorted_index", value_set=[True]),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_unique_interval", value_set=[True]),
+        *checks_hold(gxe, "_chk_sorted_index", "_chk_unique_interval"),
     ]

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from flora.validation.core import columns_exist, common_columns, register_suite
+from flora.validation.core import checks_hold, columns_exist, common_columns, register_suite
 
 _TOL = 1e-6
 
@@ -60,10 +60,8 @@ def _outcome(gxe):
         gxe.ExpectColumnValuesToBeBetween(column="reward", min_value=0.0, max_value=1.0),
         gxe.ExpectColumnValuesToBeInSet(column="argmax_score", value_set=[1, 2, 3, 4, 5]),
         gxe.ExpectColumnValuesToBeInSet(column="_chk_n_probs", value_set=[5]),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_probs_sum_1", value_set=[True]),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_probs_nonneg", value_set=[True]),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_expectation", value_set=[True]),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_reward_eq19", value_set=[True]),
+        *checks_hold(gxe, "_chk_probs_sum_1", "_chk_probs_nonneg", "_chk_expectation",
+                     "_chk_reward_eq19"),  # fmt: skip
     ]
 
 
@@ -95,7 +93,7 @@ def _dense(gxe):
         gxe.ExpectColumnValuesToBeInSet(column="label", value_set=[1, 2, 3]),
         gxe.ExpectColumnValuesToBeBetween(column="source_window", min_value=0),
         gxe.ExpectColumnValuesToBeBetween(column="source_group", min_value=1, max_value=32),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_reason_iff_not_normal", value_set=[True]),
+        *checks_hold(gxe, "_chk_reason_iff_not_normal"),
     ]
 
 
@@ -137,7 +135,5 @@ def _rubric(gxe):
         *columns_exist(gxe, "task", "rubric_json", "step_names", "step_scores", "total"),
         gxe.ExpectColumnValuesToBeUnique(column="episode_id"),
         gxe.ExpectColumnValuesToBeBetween(column="total", max_value=1.0 + _TOL),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_steps_match_rubric", value_set=[True]),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_total_is_sum", value_set=[True]),
-        gxe.ExpectColumnValuesToBeInSet(column="_chk_scores_allowed", value_set=[True]),
+        *checks_hold(gxe, "_chk_steps_match_rubric", "_chk_total_is_sum", "_chk_scores_allowed"),
     ]

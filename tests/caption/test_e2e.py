@@ -49,7 +49,7 @@ def test_evaluate_a_captions_table_and_shuffled_oracle(tiny_dataset, embedding_j
     assert m.n_unmatched == 0 and abs(m.mean_r_cap - g.mean_r_cap) < 1e-9
 
 
-def test_cli_caption_then_eval_logs_to_mlflow(tiny_dataset, caption_home, tmp_path):
+def test_cli_caption_then_eval_logs_to_mlflow(tiny_dataset, isolated_home, tmp_path):
     import mlflow
 
     from flora.cli import app

@@ -110,7 +110,7 @@ def test_roborewardbench_csv_and_bad_annotations(rrb):
         RoboRewardBench(rrb)
 
 
-def test_cli_eval_reward_oracle_logs_to_mlflow(tiny_dataset, tmp_path, reward_home):
+def test_cli_eval_reward_oracle_logs_to_mlflow(tiny_dataset, tmp_path, isolated_home):
     import mlflow
 
     from flora.cli import app
@@ -127,7 +127,7 @@ def test_cli_eval_reward_oracle_logs_to_mlflow(tiny_dataset, tmp_path, reward_ho
     assert runs["params.layout"].iloc[0] == "toy_world"
 
 
-def test_cli_reward_commands(tiny_dataset, tmp_path, reward_home):
+def test_cli_reward_commands(tiny_dataset, tmp_path, isolated_home):
     from flora.cli import app
 
     bad = tmp_path / "r.yaml"
