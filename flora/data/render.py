@@ -113,10 +113,15 @@ class Raster:
 
 def _table(size: int, y0: float, span: float, x0: float = 0.0) -> np.ndarray:
     """Wood-grain table background for world rows y0 .. y0+span (cheap: per-row shade)."""
-    ys = y0 + (np.arange(size, dtype=np.float32) + 0.5) * span / size
-    xs = x0 + (np.arange(size, dtype=np.float32) + 0.5) * span / size
-    shade = 7.0 * np.sin(2 * np.pi * ys * 13.0) + 3.0 * np.sin(2 * np.pi * ys * 37.0 + 1.0)
-    cols = 2.0 * np.sin(2 * np.pi * xs * 5.0)
+    # math.sin, not np.sin: numpy's SIMD transcendentals take different code paths
+    # depending on array alignment, which flipped pixels between otherwise identical runs.
+    ys = [y0 + (i + 0.5) * span / size for i in range(size)]
+    xs = [x0 + (i + 0.5) * span / size for i in range(size)]
+    tau = 2 * math.pi
+    shade = np.array(
+        [7.0 * math.sin(tau * y * 13.0) + 3.0 * math.sin(tau * y * 37.0 + 1.0) for y in ys]
+    )
+    cols = np.array([2.0 * math.sin(tau * x * 5.0) for x in xs])
     img = TABLE_RGB[None, None, :] + (shade[:, None] + cols[None, :])[:, :, None]
     return np.clip(img, 0, 255).astype(np.uint8)
 
