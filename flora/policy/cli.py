@@ -1,0 +1,108 @@
+"""``flora policy bench`` and ``flora policy train``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+policy_app = typer.Typer(
+    help="Flow-matching action expert with training-time RTC.", no_args_is_help=True
+)
+
+
+@policy_app.command("bench")
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="Tiny run (CI): mechanics, not numbers."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Output dir (default <home>/policy_bench)."
+    ),
+    rollouts: int | None = typer.Option(None, "--rollouts", help="Rollouts per point."),
+    docs: bool = typer.Option(
+        False, "--docs", help="Also write the plot and table into docs/ (full runs)."
+    ),
+    seed: int = typer.Option(0, "--seed"),
+    threads: int = typer.Option(
+        0, "--threads", help="torch CPU threads (0: torch default; 1 is faster on a busy box)."
+    ),
+) -> None:
+    """Simulated RTC benchmark (synchronous, naive async, inference-time RTC, training-time
+    RTC, soft-overlap variant; d = 0..4; 95% Wilson intervals)."""
+    from flora.policy.bench import BenchConfig, rate_table, run_bench, write_docs, write_outputs
+    from flora.settings import get_settings
+
+    cfg = BenchConfig.quick() if quick else BenchConfig()
+    cfg.seed = seed
+    cfg.threads = threads
+    if rollouts is not None:
+        cfg.rollouts = rollouts
+    out = out or get_settings().home / ("policy_bench_quick" if quick else "policy_bench")
+    results = run_bench(cfg, log=typer.echo)
+    paths = write_outputs(results, out)
+    typer.echo(rate_table(results))
+    wrote = ", ".join(map(str, paths.values()))
+    typer.echo(f"total {results['total_seconds']:.0f} s; wrote {wrote}")
+    if docs:
+        root = Path(__file__).resolve().parents[2]  # the repository (editable install)
+        written = write_docs(
+            results, root / "docs" / "benchmarks.md", root / "docs" / "img" / "policy_rtc.png"
+        )
+        typer.echo(f"updated {', '.join(map(str, written))}")
+
+
+@policy_app.command("train")
+def train(
+    dataset: Path | None = typer.Option(
+        None, "--dataset", help="LeRobot dataset root (default: FLORA_DATASET, the toy world)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Checkpoint dir (default <home>/policy)."),
+    events: Path | None = typer.Option(
+        None, "--events", help="Captions table (Parquet file or table dir). Default: the "
+        "engine's captions/events table under <home>/outputs when it has captions."
+    ),
+    captions: bool = typer.Option(
+        True, "--captions/--no-captions", help="Condition on curated captions when present."
+    ),
+    epochs: int = typer.Option(20, "--epochs"),
+    rtc_epochs: int | None = typer.Option(
+        None, "--rtc-epochs", help="Training-time RTC for the last N epochs (default: all)."
+    ),
+    horizon: int = typer.Option(16, "--horizon", help="Chunk length H."),
+    max_delay: int = typer.Option(5, "--max-delay", help="Training delays in [0, max_delay)."),
+    delay_dist: str = typer.Option("exp", "--delay-dist", help="exp | uniform"),
+    hidden: int = typer.Option(128, "--hidden"),
+    depth: int = typer.Option(4, "--depth"),
+    batch_size: int = typer.Option(256, "--batch-size"),
+    lr: float = typer.Option(5e-4, "--lr"),
+    image_features: bool = typer.Option(False, "--image-features/--no-image-features"),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Reopen this MLflow run."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Train the DiT action expert with training-time RTC on a LeRobot dataset."""
+    from flora.policy.lerobot import PolicyTrainConfig, find_caption_table, train_policy
+    from flora.settings import get_settings
+
+    s = get_settings()
+    if events is None and captions:
+        events = find_caption_table(s.outputs_dir)
+        if events is not None:
+            typer.echo(f"conditioning on curated captions from {events}")
+    if not captions:
+        events = None
+    cfg = PolicyTrainConfig(
+        dataset=dataset or s.dataset, out=out or s.home / "policy", events=events,
+        epochs=epochs, rtc_epochs=rtc_epochs, horizon=horizon, max_delay=max_delay,
+        delay_dist=delay_dist, hidden=hidden, depth=depth, batch_size=batch_size, lr=lr,
+        image_features=image_features, mlflow=not no_mlflow, run_id=run_id, seed=seed,
+    )
+    summary = train_policy(cfg)
+    typer.echo(json.dumps(summary, indent=2))
+    if summary["failures"]:
+        typer.echo(f"{len(summary['failures'])} episode(s) left out (see summary.json)", err=True)
+
+
+def register(app: typer.Typer, eval_app: typer.Typer) -> None:
+    """Add the ``policy`` command group to the root CLI."""
+    app.add_typer(policy_app, name="policy")

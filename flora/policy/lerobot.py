@@ -1,0 +1,551 @@
+"""``flora policy train``: a DiT flow policy with training-time RTC on a LeRobot dataset.
+
+Reads any dataset ``flora.data.open_dataset`` understands (the toy world by default),
+cuts every step of every episode into an H-step action chunk (padded with the last action
+at the episode end), and conditions the expert on
+
+* the proprioceptive state (standardised),
+* the language of the moment: the curated caption of the event covering that step when an
+  ``events`` table is given (the engine's captions: columns start_us, end_us, caption and
+  episode_id or episode_index), else the episode's task text — hashed word tokens,
+* optionally tiny image features of the main camera (``image_features=True``: an 8x8 RGB
+  thumbnail of the frame shown at that step).
+
+Training-time RTC is on for the last ``rtc_epochs`` epochs (all by default) with delays from
+a uniform or exponentially decreasing distribution. Checkpoints go to ``out``; params, the
+loss per epoch, the validation loss and the final checkpoint are logged to MLflow
+(``flora.tracking``). An episode that cannot be read is recorded with its reason and the
+rest of the dataset is used.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from flora.data.episode import Episode, FloraDataError
+from flora.policy import rtc
+from flora.policy.configuration_dit import DiTConfig
+from flora.policy.modeling_dit import DiTActionExpert, hash_tokens
+from flora.policy.train import (
+    ChunkDataset,
+    TrainConfig,
+    TrainState,
+    load_checkpoint,
+    new_state,
+    save_checkpoint,
+    train_epochs,
+)
+
+THUMB = 8  # image-feature thumbnail side
+
+
+@dataclass
+class PolicyTrainConfig:
+    """Everything ``flora policy train`` needs."""
+
+    dataset: Path
+    out: Path
+    horizon: int = 16
+    epochs: int = 20
+    rtc_epochs: int | None = None  # None: training-time RTC for every epoch
+    max_delay: int = 5  # delays in [0, max_delay)
+    delay_dist: str = "exp"  # "exp" (weights 2^-d) | "uniform"
+    hidden: int = 128
+    depth: int = 4
+    heads: int = 4
+    lang_vocab: int = 4096
+    lang_tokens: int = 24
+    batch_size: int = 256
+    lr: float = 5e-4
+    image_features: bool = False
+    events: Path | None = None
+    episodes: list[int] | None = None
+    val_fraction: float = 0.1
+    checkpoint_every: int = 5
+    seed: int = 0
+    device: str | None = None  # None: settings.device ("auto": cuda when available)
+    mlflow: bool = True
+    run_id: str | None = None  # reopen a pipeline's MLflow run
+    experiment: str | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.dataset = Path(self.dataset)
+        self.out = Path(self.out)
+        self.events = Path(self.events) if self.events is not None else None
+        if self.delay_dist not in ("exp", "uniform"):
+            raise ValueError(f"delay_dist must be 'exp' or 'uniform', got {self.delay_dist!r}")
+        if not 1 <= self.max_delay < self.horizon:
+            raise ValueError(f"need 1 <= max_delay < horizon, got {self.max_delay}")
+        if self.rtc_epochs is not None and not 0 <= self.rtc_epochs <= self.epochs:
+            raise ValueError("rtc_epochs must lie in [0, epochs]")
+
+    def delays(self) -> rtc.DelayDistribution:
+        """The training delay distribution."""
+        if self.delay_dist == "uniform":
+            return rtc.DelayDistribution.uniform(self.max_delay)
+        return rtc.DelayDistribution.exponential(self.max_delay, 0.5)
+
+
+@dataclass
+class EpisodeFailure:
+    """An episode left out of training, and why."""
+
+    episode: int
+    reason: str
+
+
+@dataclass
+class PolicyData:
+    """Training tensors plus what is needed to normalise / un-normalise at inference."""
+
+    train: ChunkDataset
+    val: ChunkDataset | None
+    stats: dict[str, list[float]]
+    failures: list[EpisodeFailure] = field(default_factory=list)
+    episodes: list[int] = field(default_factory=list)
+    caption_steps: int = 0  # steps whose text came from a curated caption
+
+
+# ------------------------------------------------------------------------- captions
+def load_captions(path: str | Path) -> pd.DataFrame:
+    """Read an events table (a Parquet file or a TableStore table directory) and check it.
+
+    Returns columns ``key`` (episode_id or episode_index as str), start_us, end_us, caption.
+    """
+    path = Path(path)
+    if path.is_dir():
+        parts = sorted(path.glob("*.parquet"))
+        if not parts:
+            raise FloraDataError("events table has no Parquet parts", file=path)
+        df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+    elif path.exists():
+        df = pd.read_parquet(path)
+    else:
+        raise FloraDataError("events table not found", file=path)
+    for col in ("start_us", "end_us", "caption"):
+        if col not in df.columns:
+            raise FloraDataError("events table is missing a column", file=path, field=col)
+    if "episode_id" in df.columns:
+        key = df["episode_id"].astype(str)
+    elif "episode_index" in df.columns:
+        key = df["episode_index"].astype(int).astype(str)
+    else:
+        raise FloraDataError(
+            "events table needs episode_id or episode_index", file=path, field="episode_id"
+        )
+    out = pd.DataFrame({
+        "key": key,
+        "start_us": df["start_us"].astype("int64"),
+        "end_us": df["end_us"].astype("int64"),
+        "caption": df["caption"].astype(str),
+    })
+    # A row without caption text (e.g. a segmenter-only events table) conditions nothing.
+    out = out[out.caption.str.strip() != ""].reset_index(drop=True)
+    bad = out[(out.start_us < 0) | (out.end_us <= out.start_us)]
+    if len(bad):
+        r = bad.iloc[0]
+        raise FloraDataError(
+            f"event [{r.start_us}, {r.end_us}) violates 0 <= start < end",
+            episode=r.key, file=path, field="start_us",
+        )
+    return out
+
+
+CAPTION_TABLES = ("captions", "events")
+
+
+def find_caption_table(outputs_dir: str | Path) -> Path | None:
+    """The engine's curated captions under ``outputs_dir``: the first of the ``captions``
+    (captioner) and ``events`` tables that holds at least one non-empty caption."""
+    for name in CAPTION_TABLES:
+        d = Path(outputs_dir) / name
+        if not d.is_dir() or not any(d.glob("*.parquet")):
+            continue
+        try:
+            if len(load_captions(d)):
+                return d
+        except FloraDataError:
+            continue
+    return None
+
+
+def step_texts(ep: Episode, captions: pd.DataFrame | None) -> tuple[list[str], int]:
+    """Text per step: the caption of the event covering the step (latest start wins when
+    events overlap), else the task. Returns the texts and how many came from captions."""
+    texts = [ep.task or ""] * len(ep.timestamps_us)
+    if captions is None:
+        return texts, 0
+    rows = captions[(captions.key == ep.episode_id) | (captions.key == str(ep.index))]
+    n = 0
+    if len(rows):
+        t = ep.timestamps_us
+        for r in rows.sort_values("start_us").itertuples(index=False):
+            inside = np.nonzero((t >= r.start_us) & (t < r.end_us))[0]
+            for k in inside:
+                texts[int(k)] = r.caption
+        n = sum(1 for a in texts if a != (ep.task or ""))
+    return texts, n
+
+
+def image_features(ep: Episode) -> np.ndarray:
+    """(N, 3*8*8) thumbnails of the main camera at every step, in [-0.5, 0.5]."""
+    from flora.data.frames import sample_episode_frames
+
+    frames = sample_episode_frames(ep, "main", ep.timestamps_us.tolist(), clamp_end=True)
+    out = np.zeros((len(frames), 3 * THUMB * THUMB), dtype=np.float32)
+    for i, fr in enumerate(frames):
+        if fr is None:
+            raise FloraDataError("missing frame", dataset=ep.dataset, episode=ep.index,
+                                 field="main")
+        img = fr.image.astype(np.float32) / 255.0
+        h, w, _ = img.shape
+        ys = np.linspace(0, h, THUMB + 1).astype(int)
+        xs = np.linspace(0, w, THUMB + 1).astype(int)
+        thumb = np.stack([
+            np.stack([img[ys[a]:ys[a + 1], xs[b]:xs[b + 1]].mean(axis=(0, 1))
+                      for b in range(THUMB)]) for a in range(THUMB)
+        ])  # (8, 8, 3) area average
+        out[i] = thumb.transpose(2, 0, 1).reshape(-1) - 0.5
+    return out
+
+
+# --------------------------------------------------------------------------- dataset
+def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> PolicyData:
+    """Load episodes, cut chunks, standardise state/actions and split train/val."""
+    from flora.data import open_dataset
+
+    ds = open_dataset(cfg.dataset)
+    indices = cfg.episodes if cfg.episodes is not None else ds.episode_indices()
+    per_ep: list[dict[str, Any]] = []
+    failures: list[EpisodeFailure] = []
+    cap_steps = 0
+    for i in indices:
+        try:
+            ep = ds.episode(int(i))
+            st = np.asarray(ep.state, dtype=np.float32)
+            ac = np.asarray(ep.action, dtype=np.float32)
+            if st.ndim != 2 or ac.ndim != 2 or len(st) != len(ac) or len(ac) == 0:
+                raise FloraDataError(
+                    f"state {st.shape} / action {ac.shape} are not aligned (N, D) arrays",
+                    dataset=ds.name, episode=int(i), field="action",
+                )
+            if not (np.isfinite(st).all() and np.isfinite(ac).all()):
+                raise FloraDataError("non-finite state or action", dataset=ds.name,
+                                     episode=int(i), field="action")
+            texts, n_cap = step_texts(ep, captions)
+            img = image_features(ep) if cfg.image_features else None
+        except (FloraDataError, OSError, ValueError) as e:
+            failures.append(EpisodeFailure(int(i), str(e)))
+            continue
+        cap_steps += n_cap
+        per_ep.append({"index": int(i), "state": st, "action": ac, "texts": texts, "img": img})
+    if not per_ep:
+        reasons = "; ".join(f"{f.episode}: {f.reason}" for f in failures[:3])
+        raise FloraDataError(f"no usable episode ({reasons})", dataset=Path(cfg.dataset).name)
+    dims = {(e["state"].shape[1], e["action"].shape[1]) for e in per_ep}
+    if len(dims) != 1:
+        raise FloraDataError(f"episodes disagree on state/action sizes {sorted(dims)}",
+                             dataset=ds.name, field="action")
+    # Held-out episodes for a validation loss (none when there are too few episodes).
+    g = np.random.default_rng(cfg.seed)
+    order = g.permutation(len(per_ep))
+    n_val = int(round(cfg.val_fraction * len(per_ep))) if len(per_ep) >= 4 else 0
+    val_set = {int(k) for k in order[:n_val]}
+    train_eps = [e for k, e in enumerate(per_ep) if k not in val_set]
+    st_all = np.concatenate([e["state"] for e in train_eps])
+    ac_all = np.concatenate([e["action"] for e in train_eps])
+    stats = {
+        "state_mean": st_all.mean(0).tolist(), "state_std": np.maximum(st_all.std(0), 1e-3)
+        .tolist(), "action_mean": ac_all.mean(0).tolist(),
+        "action_std": np.maximum(ac_all.std(0), 1e-3).tolist(),
+    }
+
+    def tensors(eps: list[dict[str, Any]]) -> ChunkDataset:
+        H = cfg.horizon
+        sm, ss = np.array(stats["state_mean"]), np.array(stats["state_std"])
+        am, asd = np.array(stats["action_mean"]), np.array(stats["action_std"])
+        S, C, T, imgs = [], [], [], []
+        for e in eps:
+            n = len(e["action"])
+            a = (e["action"] - am) / asd
+            idx = np.minimum(np.arange(n)[:, None] + np.arange(H)[None, :], n - 1)
+            S.append((e["state"] - sm) / ss)
+            C.append(a[idx])
+            T.extend(e["texts"])
+            if e["img"] is not None:
+                imgs.append(e["img"])
+        obs = {
+            "state": torch.from_numpy(np.concatenate(S).astype(np.float32)),
+            "lang_ids": hash_tokens(T, cfg.lang_vocab, cfg.lang_tokens),
+        }
+        if imgs:
+            obs["image"] = torch.from_numpy(np.concatenate(imgs))
+        return ChunkDataset(obs, torch.from_numpy(np.concatenate(C).astype(np.float32)))
+
+    val_eps = [e for k, e in enumerate(per_ep) if k in val_set]
+    return PolicyData(
+        train=tensors(train_eps),
+        val=tensors(val_eps) if val_eps else None,
+        stats=stats,
+        failures=failures,
+        episodes=[e["index"] for e in per_ep],
+        caption_steps=cap_steps,
+    )
+
+
+@torch.no_grad()
+def validation_loss(model: DiTActionExpert, data: ChunkDataset, delays: rtc.DelayDistribution,
+                    seed: int = 0, batch: int = 512) -> float:
+    """Training-time RTC loss on held-out chunks with fixed noise/tau/delays."""
+    g = torch.Generator().manual_seed(seed)
+    dev = next(model.parameters()).device
+    total, n = 0.0, 0
+    for start in range(0, len(data), batch):
+        idx = torch.arange(start, min(start + batch, len(data)))
+        obs, chunk = data.batch(idx)
+        obs, chunk = {k: v.to(dev) for k, v in obs.items()}, chunk.to(dev)
+        loss = rtc.training_loss(model, obs, chunk, delays, generator=g)
+        total += float(loss) * len(idx)
+        n += len(idx)
+    return total / max(1, n)
+
+
+# --------------------------------------------------------------------------- training
+def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
+    """Train, checkpoint and log; returns a summary (also written to ``out/summary.json``)."""
+    t0 = time.time()
+    captions = load_captions(cfg.events) if cfg.events is not None else None
+    data = build_data(cfg, captions)
+    d_state = data.train.obs["state"].shape[1]
+    d_act = data.train.chunks.shape[2]
+    dit = DiTConfig(
+        action_dim=d_act, horizon=cfg.horizon, state_dim=d_state,
+        image_dim=3 * THUMB * THUMB if cfg.image_features else 0,
+        lang_vocab=cfg.lang_vocab, lang_max_tokens=cfg.lang_tokens,
+        hidden=cfg.hidden, depth=cfg.depth, heads=cfg.heads,
+    )
+    if cfg.device is None:
+        from flora.settings import get_settings
+
+        device = get_settings().device
+    else:
+        device = cfg.device
+    tc = TrainConfig(total_epochs=cfg.epochs, batch_size=min(cfg.batch_size, len(data.train)),
+                     lr=cfg.lr, seed=cfg.seed, device=device,
+                     warmup_steps=max(1, min(200, len(data.train) // cfg.batch_size)))
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    delays = cfg.delays()
+    rtc_epochs = cfg.epochs if cfg.rtc_epochs is None else cfg.rtc_epochs
+    extra = {
+        "kind": "flora.policy.dit",
+        "stats": data.stats,
+        "dataset": str(cfg.dataset),
+        "delays": list(delays.probs),
+        "train_config": {k: (str(v) if isinstance(v, Path) else v)
+                         for k, v in asdict(cfg).items()},
+    }
+    state = new_state(dit, tc)
+    val_delays = delays
+    summary: dict[str, Any] = {}
+
+    def run(log: Any) -> None:
+        def on_epoch(st: TrainState, rec: dict[str, float]) -> None:
+            if data.val is not None:
+                rec["val_loss"] = validation_loss(st.model, data.val, val_delays, cfg.seed)
+                st.model.train()
+            log(rec, int(rec["epoch"]))
+            if cfg.checkpoint_every and st.epoch % cfg.checkpoint_every == 0:
+                save_checkpoint(cfg.out / f"checkpoint-epoch{st.epoch:03d}.pt", st, extra)
+
+        plain = cfg.epochs - rtc_epochs
+        if plain:
+            train_epochs(state, data.train, plain, tc, desc="plain", progress=cfg.progress,
+                         on_epoch_end=on_epoch)
+        if rtc_epochs:
+            train_epochs(state, data.train, rtc_epochs, tc, delays=delays, desc="rtc",
+                         progress=cfg.progress, on_epoch_end=on_epoch)
+        final = save_checkpoint(cfg.out / "policy.pt", state, extra)
+        summary.update({
+            "checkpoint": str(final),
+            "episodes": len(data.episodes),
+            "failures": [asdict(f) for f in data.failures],
+            "train_chunks": len(data.train),
+            "val_chunks": len(data.val) if data.val is not None else 0,
+            "caption_steps": data.caption_steps,
+            "final_loss": state.history[-1]["loss"] if state.history else None,
+            "final_val_loss": state.history[-1].get("val_loss") if state.history else None,
+            "parameters": sum(p.numel() for p in state.model.parameters()),
+            "seconds": time.time() - t0,
+        })
+
+    if cfg.mlflow:
+        import mlflow
+
+        from flora.tracking import mlflow_run
+
+        with mlflow_run("policy_train", {"flora.area": "policy"}, cfg.experiment,
+                        run_id=cfg.run_id) as active:
+            mlflow.log_params({f"policy.{k}": v for k, v in {
+                **dit.to_dict(), "epochs": cfg.epochs, "rtc_epochs": rtc_epochs,
+                "delay_dist": cfg.delay_dist, "max_delay": cfg.max_delay, "lr": cfg.lr,
+                "batch_size": tc.batch_size, "dataset": str(cfg.dataset),
+                "captions": str(cfg.events) if cfg.events else "task",
+            }.items()})
+            run(lambda rec, step: mlflow.log_metrics(
+                {f"policy.{k}": v for k, v in rec.items() if k != "epoch"}, step=step))
+            mlflow.log_metrics({"policy.failed_episodes": len(data.failures),
+                                "policy.caption_steps": data.caption_steps})
+            mlflow.log_artifact(summary["checkpoint"], artifact_path="policy")
+            summary["run_id"] = active.info.run_id
+    else:
+        run(lambda rec, step: None)
+        summary["run_id"] = None
+    (cfg.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+@dataclass
+class TrainedPolicy:
+    """A loaded ``policy.pt``: model, normalisation and an un-normalising sampler."""
+
+    model: DiTActionExpert
+    stats: dict[str, list[float]]
+    extra: dict[str, Any]
+
+    def chunk(self, state: np.ndarray, text: str, *, image: np.ndarray | None = None,
+              prefix: np.ndarray | None = None,
+              d: int = 0, s: int | None = None, steps: int = 5,
+              method: str = "training_time", generator: torch.Generator | None = None
+              ) -> np.ndarray:
+        """One action chunk (H, A) in dataset units; ``prefix`` (L, A) in dataset units;
+        ``image``: the :func:`image_features` row of the current frame, if trained with them."""
+        cfg = self.model.config
+        sm, ss = np.array(self.stats["state_mean"]), np.array(self.stats["state_std"])
+        am, asd = np.array(self.stats["action_mean"]), np.array(self.stats["action_std"])
+        obs = {
+            "state": torch.from_numpy(((state - sm) / ss).astype(np.float32))[None],
+            "lang_ids": hash_tokens([text], cfg.lang_vocab, cfg.lang_max_tokens),
+        }
+        if cfg.image_dim:
+            if image is None:
+                raise ValueError("this policy was trained with image features: pass image=")
+            obs["image"] = torch.as_tensor(image, dtype=torch.float32).reshape(1, -1)
+        p = None
+        if prefix is not None and len(prefix):
+            p = torch.from_numpy(((prefix - am) / asd).astype(np.float32))[None]
+        out = rtc.sample(self.model, obs, p, d if p is not None else 0, steps,
+                         method if p is not None else "plain", s=s,
+                         shape=(1, cfg.horizon, cfg.action_dim), generator=generator)
+        return out[0].numpy() * asd + am
+
+
+def load_policy(path: str | Path) -> TrainedPolicy:
+    """Load a checkpoint written by :func:`train_policy`."""
+    st, extra = load_checkpoint(path)
+    if extra.get("kind") != "flora.policy.dit":
+        raise FloraDataError("not a flora policy checkpoint", file=path, field="kind")
+    return TrainedPolicy(st.model, extra["stats"], extra)
+
+
+# ------------------------------------------------------------------------- evaluation
+EVAL_METHODS = ("plain", "training_time", "inference_time")
+
+
+@torch.no_grad()
+def evaluate_policy(
+    checkpoint: str | Path,
+    dataset: str | Path,
+    *,
+    episodes: list[int] | None = None,
+    events: str | Path | None = None,
+    delays: tuple[int, ...] = (0, 1, 2, 3, 4),
+    steps: int = 5,
+    max_chunks: int = 256,
+    latency_repeats: int = 5,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Offline check of a trained policy on dataset chunks, per delay d (s = max(d, 1)).
+
+    The committed prefix is the ground truth's first d actions (inference-time RTC also
+    gets the ground-truth overlap up to H - s). Per method: ``postfix_mse`` (sampled vs
+    ground-truth postfix, standardised units) and ``boundary_jump`` (mean |a_d - a_{d-1}|
+    between the last committed and the first new action, minus the ground truth's own
+    step — how much the switch jerks). Also median per-chunk latency at batch 1.
+    """
+    pol = load_policy(checkpoint)
+    model, cfg = pol.model, pol.model.config
+    tc = pol.extra.get("train_config", {})
+    pcfg = PolicyTrainConfig(
+        dataset=Path(dataset), out=Path("."), horizon=cfg.horizon,
+        max_delay=max(1, min(int(tc.get("max_delay", 2)), cfg.horizon - 1)),
+        lang_vocab=cfg.lang_vocab, lang_tokens=cfg.lang_max_tokens,
+        image_features=cfg.image_dim > 0, episodes=episodes, val_fraction=0.0, seed=seed,
+        events=Path(events) if events is not None else None, mlflow=False, progress=False,
+    )
+    captions = load_captions(events) if events is not None else None
+    data = build_data(pcfg, captions)
+    # Re-standardise with the checkpoint's statistics, not this dataset's.
+    sm = torch.tensor(pol.stats["state_mean"])
+    ss = torch.tensor(pol.stats["state_std"])
+    am = torch.tensor(pol.stats["action_mean"])
+    asd = torch.tensor(pol.stats["action_std"])
+    dm = torch.tensor(data.stats["state_mean"])
+    ds_ = torch.tensor(data.stats["state_std"])
+    dam = torch.tensor(data.stats["action_mean"])
+    das = torch.tensor(data.stats["action_std"])
+    g = torch.Generator().manual_seed(seed)
+    n = len(data.train)
+    idx = torch.randperm(n, generator=g)[: min(max_chunks, n)]
+    obs, chunk = data.train.batch(idx)
+    obs = dict(obs)
+    obs["state"] = ((obs["state"] * ds_ + dm) - sm) / ss
+    gt = ((chunk * das + dam) - am) / asd
+    H, A = cfg.horizon, cfg.action_dim
+    rows: list[dict[str, Any]] = []
+    for d in delays:
+        s = max(d, 1)
+        rtc.check_delay(d, s, H)
+        noise = torch.randn(len(idx), H, A, generator=g)
+        prefix = gt[:, : H - s]
+        for m in EVAL_METHODS:
+            out = rtc.sample(model, obs, prefix, d, steps, m, s=s, shape=(len(idx), H, A),
+                             noise=noise)
+            mse = float(((out[:, d:] - gt[:, d:]) ** 2).mean())
+            if d > 0:
+                jump = (out[:, d] - gt[:, d - 1]).abs().mean(-1)
+                ref = (gt[:, d] - gt[:, d - 1]).abs().mean(-1)
+                bj = float((jump - ref).mean())
+            else:
+                bj = float("nan")
+            rows.append({"d": d, "method": m, "postfix_mse": mse, "boundary_jump": bj})
+    # Latency at batch 1 (same model, same inputs) for the three samplers.
+    lat: dict[str, float] = {}
+    one = {k: v[:1] for k, v in obs.items()}
+    d_l = min(max(delays), H // 2)
+    for m in EVAL_METHODS:
+        ts = []
+        for _ in range(latency_repeats + 1):
+            t0 = time.perf_counter()
+            rtc.sample(model, one, gt[:1, : H - max(d_l, 1)], d_l, steps, m, s=max(d_l, 1),
+                       shape=(1, H, A))
+            ts.append((time.perf_counter() - t0) * 1000)
+        lat[m] = float(np.median(ts[1:]))
+    return {
+        "checkpoint": str(checkpoint),
+        "dataset": str(dataset),
+        "chunks": int(len(idx)),
+        "steps": steps,
+        "rows": rows,
+        "latency_ms": lat,
+        "latency_ratio_training_time_over_plain": lat["training_time"] / lat["plain"],
+        "failures": [asdict(f) for f in data.failures],
+    }

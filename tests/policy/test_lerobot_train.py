@@ -1,0 +1,177 @@
+"""``flora policy train`` on a tiny generated toy-world LeRobot dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flora.data.episode import FloraDataError
+from flora.policy.lerobot import (
+    PolicyTrainConfig,
+    build_data,
+    load_captions,
+    load_policy,
+    step_texts,
+    train_policy,
+)
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    from flora.data.synth import generate
+
+    root = tmp_path_factory.mktemp("toy") / "toy_world"
+    return generate(root, 4, 0, durations_s=[4.0, 5.0, 4.0, 6.0], image_size=32,
+                    wrist_size=32, progress=False)
+
+
+def _cfg(toy, out, **kw):
+    base = dict(dataset=toy, out=out, horizon=8, epochs=2, rtc_epochs=1, max_delay=3,
+                hidden=16, depth=1, heads=2, lang_vocab=128, batch_size=64, lr=1e-3,
+                val_fraction=0.25, checkpoint_every=1, mlflow=False, progress=False)
+    base.update(kw)
+    return PolicyTrainConfig(**base)
+
+
+def test_captions_condition_the_steps(toy):
+    from flora.data import open_dataset
+
+    caps = load_captions(toy / "ground_truth" / "events.parquet")
+    ep = open_dataset(toy).episode(0)
+    texts, n = step_texts(ep, caps)
+    assert len(texts) == len(ep.timestamps_us) and n > 0
+    gt = caps[caps.key == "0"].iloc[0]
+    k = int(np.searchsorted(ep.timestamps_us, gt.start_us))
+    assert texts[k] == gt.caption
+    assert texts[0] == ep.task  # before the first event: the task text
+    # An engine events table (episode_id keyed, TableStore directory) works as well.
+    texts2, n2 = step_texts(ep, caps.assign(key=ep.episode_id))
+    assert n2 > 0
+
+
+def test_load_captions_rejects_bad_tables(tmp_path):
+    p = tmp_path / "events.parquet"
+    pd.DataFrame({"episode_id": ["a/000000"], "start_us": [0], "end_us": [10]}).to_parquet(p)
+    with pytest.raises(FloraDataError, match="caption"):
+        load_captions(p)
+    pd.DataFrame({"episode_id": ["a"], "start_us": [5], "end_us": [5],
+                  "caption": ["x"]}).to_parquet(p)
+    with pytest.raises(FloraDataError, match="start"):
+        load_captions(p)
+    with pytest.raises(FloraDataError, match="not found"):
+        load_captions(tmp_path / "missing.parquet")
+    d = tmp_path / "events"
+    d.mkdir()
+    pd.DataFrame({"episode_id": ["a/000001"], "start_us": [0], "end_us": [10],
+                  "caption": ["grasp"]}).to_parquet(d / "a__000001.parquet")
+    (d / "_failures").mkdir()
+    assert load_captions(d).key.tolist() == ["a/000001"]
+
+
+def test_build_data_chunks_and_failures(toy, tmp_path):
+    cfg = _cfg(toy, tmp_path / "o", episodes=[0, 1, 2, 3, 99])
+    data = build_data(cfg)
+    assert [f.episode for f in data.failures] == [99]
+    assert "out of range" in data.failures[0].reason
+    assert data.val is not None and len(data.episodes) == 4
+    n = len(data.train) + len(data.val)
+    assert n == sum(int(d * 20) for d in (4.0, 5.0, 4.0, 6.0))
+    assert data.train.chunks.shape[1:] == (8, 4)
+    # Standardised with the training split's statistics.
+    c0 = data.train.chunks[:, 0]
+    assert torch.allclose(c0.mean(0), torch.zeros(4), atol=1e-4)
+
+
+def test_image_features(toy, tmp_path):
+    data = build_data(_cfg(toy, tmp_path / "o", episodes=[0], image_features=True,
+                           val_fraction=0.0))
+    img = data.train.obs["image"]
+    assert img.shape == (80, 3 * 8 * 8)
+    assert float(img.abs().max()) <= 0.5 and float(img.std()) > 0.01
+
+
+def test_train_policy_with_mlflow_and_checkpoints(toy, tmp_path, monkeypatch):
+    from flora.settings import get_settings
+
+    monkeypatch.setenv("FLORA_HOME", str(tmp_path / "home"))
+    get_settings.cache_clear()
+    try:
+        cfg = _cfg(toy, tmp_path / "out", events=toy / "ground_truth" / "events.parquet",
+                   mlflow=True)
+        summary = train_policy(cfg)
+        import mlflow
+
+        run = mlflow.get_run(summary["run_id"])
+        assert run.info.status == "FINISHED"
+        assert "policy.loss" in run.data.metrics and "policy.val_loss" in run.data.metrics
+        assert run.data.params["policy.rtc_epochs"] == "1"
+        arts = [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "policy")]
+        assert arts == ["policy/policy.pt"]
+    finally:
+        get_settings.cache_clear()
+    assert summary["caption_steps"] > 0 and summary["episodes"] == 4
+    assert (cfg.out / "checkpoint-epoch001.pt").exists()
+    assert (cfg.out / "checkpoint-epoch002.pt").exists()
+    assert json.loads((cfg.out / "summary.json").read_text())["checkpoint"].endswith("policy.pt")
+    pol = load_policy(cfg.out / "policy.pt")
+    assert pol.model.config.horizon == 8 and pol.extra["delays"]
+    state = np.zeros(4, dtype=np.float32)
+    prefix = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    out = pol.chunk(state, "grasp the red ball", prefix=prefix, d=2, s=2, steps=3)
+    assert out.shape == (8, 4)
+    np.testing.assert_allclose(out[:2], prefix[:2], rtol=1e-5, atol=1e-5)  # committed
+    plain = pol.chunk(state, "grasp the red ball", steps=3)
+    assert plain.shape == (8, 4) and np.isfinite(plain).all()
+
+
+def test_train_cli(toy, tmp_path):
+    from flora.cli import app
+
+    out = tmp_path / "cli"
+    res = CliRunner().invoke(app, [
+        "policy", "train", "--dataset", str(toy), "--out", str(out), "--epochs", "1",
+        "--hidden", "16", "--depth", "1", "--horizon", "8", "--max-delay", "3",
+        "--batch-size", "64", "--no-mlflow",
+    ])
+    assert res.exit_code == 0, res.output
+    assert (out / "policy.pt").exists()
+    assert json.loads((out / "summary.json").read_text())["episodes"] == 4
+
+
+def test_config_validation(toy, tmp_path):
+    with pytest.raises(ValueError):
+        _cfg(toy, tmp_path, max_delay=8)
+    with pytest.raises(ValueError):
+        _cfg(toy, tmp_path, delay_dist="gamma")
+    with pytest.raises(ValueError):
+        _cfg(toy, tmp_path, rtc_epochs=5)
+
+
+def test_find_caption_table_prefers_tables_with_captions(tmp_path):
+    from flora.policy.lerobot import find_caption_table
+
+    out = tmp_path / "outputs"
+    assert find_caption_table(out) is None
+    (out / "captions").mkdir(parents=True)
+    (out / "events").mkdir()
+    # The segmenter's events table has empty captions; the captioner's table has none yet.
+    pd.DataFrame({"episode_id": ["d/000000"], "start_us": [0], "end_us": [10],
+                  "caption": [""]}).to_parquet(out / "events" / "d__000000.parquet")
+    pd.DataFrame({"episode_id": pd.Series([], dtype=str), "start_us": pd.Series([], dtype="int64"),
+                  "end_us": pd.Series([], dtype="int64"), "caption": pd.Series([], dtype=str)}
+                 ).to_parquet(out / "captions" / "d__000000.parquet")
+    assert find_caption_table(out) is None
+    assert len(load_captions(out / "events")) == 0  # empty captions are dropped
+    pd.DataFrame({"episode_id": ["d/000000"], "start_us": [0], "end_us": [10],
+                  "caption": ["grasp the cup"]}).to_parquet(out / "captions" / "d__000001.parquet")
+    assert find_caption_table(out) == out / "captions"

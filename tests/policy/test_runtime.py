@@ -1,0 +1,160 @@
+"""Async RTC runtime: action queue, inference thread, measured delay, committed prefix."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from flora.policy.configuration_dit import DiTConfig
+from flora.policy.modeling_dit import DiTActionExpert
+from flora.policy.runtime import RealClock, RTCRuntime, SimulatedClock, make_policy
+
+H, A = 8, 2
+
+
+class LabelledPolicy:
+    """Chunk k has rows ``[k, i]`` (chunk id, index); records every call's arguments."""
+
+    def __init__(self, sleep_s: float = 0.0) -> None:
+        self.calls: list[dict] = []
+        self.sleep_s = sleep_s
+
+    def __call__(self, obs, prefix, d, s):
+        k = len(self.calls)
+        self.calls.append({"obs": obs, "prefix": prefix.clone(), "d": d, "s": s})
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return torch.stack([torch.tensor([float(k), float(i)]) for i in range(H)])
+
+
+def _serve(rt: RTCRuntime, n: int) -> list[tuple[int, int]]:
+    out = []
+    for t in range(n):
+        a = rt.get_action(t)
+        out.append((int(a[0]), int(a[1])))
+    return out
+
+
+def test_queue_and_delay_with_simulated_clock():
+    pol = LabelledPolicy()
+    rt = RTCRuntime(pol, H, s=3, clock=SimulatedClock(2), initial_delay=2)
+    rt.start(obs=-1)
+    try:
+        served = _serve(rt, 14)
+    finally:
+        rt.stop()
+    # Chunk 0 from index 0; then every chunk runs indices 2, 3, 4 (d = 2, s = 3): during
+    # each inference the previous chunk's next two actions (the committed prefix) run.
+    assert served == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4),
+                      (2, 2), (2, 3), (2, 4), (3, 2), (3, 3), (3, 4)]
+    assert rt.stats.delays[:3] == [2, 2, 2]
+    # Each inference starts after s actions and gets the rest of the current chunk.
+    first = pol.calls[1]
+    assert first["s"] == 3 and first["d"] == 2
+    assert torch.equal(first["prefix"], torch.tensor([[0.0, i] for i in range(3, H)]))
+    # ...with the observation of the moment it started (after serving step index 2).
+    assert first["obs"] == 2
+    assert [c["obs"] for c in pol.calls[1:4]] == [2, 5, 8]
+
+
+def test_conservative_delay_estimate_is_max_of_recent():
+    pol = LabelledPolicy()
+    lat = [1, 3, 1, 1, 1, 1]
+    rt = RTCRuntime(pol, H, s=3, clock=SimulatedClock(lat), delay_window=3, initial_delay=0)
+    rt.start(obs=None)
+    try:
+        _serve(rt, 24)
+    finally:
+        rt.stop()
+    assert rt.stats.delays[:6] == [1, 3, 1, 1, 1, 1]
+    # estimate for call k = max over the last 3 measured delays (initial 0 counts first).
+    assert rt.stats.estimates[:6] == [0, 1, 3, 3, 3, 1]
+    assert [c["d"] for c in pol.calls[1:7]] == rt.stats.estimates[:6]
+    assert rt.stats.underruns == 0
+
+
+def test_underrun_holds_last_action_and_recovers():
+    pol = LabelledPolicy()
+    rt = RTCRuntime(pol, H, s=3, clock=SimulatedClock([7, 2]), initial_delay=2)
+    rt.start(obs=None)
+    try:
+        served = _serve(rt, 12)
+    finally:
+        rt.stop()
+    # 3 + 5 actions of chunk 0 exist; inference lasts 7 steps -> 2 held steps.
+    assert served[:10] == [(0, i) for i in range(8)] + [(0, 7), (0, 7)]
+    assert rt.stats.delays[0] == 7
+    assert served[10] == (1, 7)  # chunk 1 takes over at index 7 (= measured delay)
+    # The next inference starts at once (7 >= s) with the one remaining action as prefix:
+    # the estimate 7 is clamped to d = H - s' = 1; it lasts 2 steps, so one more hold.
+    assert pol.calls[2]["s"] == 7 and pol.calls[2]["d"] == 1
+    assert torch.equal(pol.calls[2]["prefix"], torch.tensor([[1.0, 7.0]]))
+    assert served[11] == (1, 7)
+    assert rt.stats.underruns == 3
+
+
+def test_real_clock_measures_delay_in_control_steps():
+    pol = LabelledPolicy(sleep_s=0.035)
+    rt = RTCRuntime(pol, H, s=2, clock=RealClock(0.01), initial_delay=1)
+    seen = []
+    try:
+        rt.run(lambda a: seen.append(a) or len(seen), obs=0, n_steps=60)
+    finally:
+        rt.stop()
+    assert len(seen) == 60 and rt.stats.served == 60
+    assert len(rt.stats.delays) >= 3
+    # A 35 ms inference at 100 Hz spans several control steps (never zero).
+    assert min(rt.stats.delays) >= 1
+    # Chunks served in order, each continuing from its measured delay.
+    ids = [int(a[0]) for a in seen]
+    assert ids == sorted(ids)
+
+
+def test_inference_errors_surface_in_control_loop():
+    def bad(obs, prefix, d, s):
+        if prefix.numel():
+            raise RuntimeError("boom")
+        return torch.zeros(H, A)
+
+    rt = RTCRuntime(bad, H, s=1, clock=SimulatedClock(1))
+    rt.start(None)
+    with pytest.raises(RuntimeError, match="inference thread failed"):
+        _serve(rt, 5)
+    rt.stop()
+
+
+def test_constructor_validates_delay():
+    with pytest.raises(ValueError):
+        RTCRuntime(LabelledPolicy(), H, s=5, clock=SimulatedClock(1), initial_delay=4)
+    with pytest.raises(ValueError):
+        RealClock(0)
+
+
+def test_runtime_with_dit_training_time_policy_commits_prefix():
+    cfg = DiTConfig(action_dim=A, horizon=H, state_dim=3, hidden=16, depth=1, heads=2)
+    torch.manual_seed(0)
+    model = DiTActionExpert(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    inner = make_policy(model, "training_time", steps=3, horizon=H, action_dim=A)
+    calls = []
+
+    def policy(obs, prefix, d, s):
+        out = inner(obs, prefix, d, s)
+        calls.append((prefix.clone(), d, out.clone()))
+        return out
+
+    rt = RTCRuntime(policy, H, s=2, clock=SimulatedClock(2), initial_delay=2)
+    obs = {"state": torch.zeros(1, 3)}
+    rt.start(obs)
+    try:
+        for _ in range(10):
+            rt.get_action(obs)
+    finally:
+        rt.stop()
+    for prefix, d, out in calls[1:]:
+        assert d == 2
+        assert torch.equal(out[:d], prefix[:d])  # committed actions kept exactly
