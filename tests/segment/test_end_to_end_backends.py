@@ -17,7 +17,8 @@ Two checkpoints, built once per module from the shared random tiny Qwen3-VL:
 
 * the random model itself: it emits garbage, so every window is rejected, retried and
   recorded, and the (empty) table still validates;
-* the same model briefly fine-tuned (a couple of seconds on CPU, :func:`finetune_constant`)
+* the same model briefly fine-tuned (a couple of seconds on CPU,
+  :func:`tests.tiny_finetune.finetune_tiny`)
   to answer every segment prompt with the one-line segment list ``0 97 1 0`` ("an action
   under way at the window start, ending at tick 97"). The grammar accepts that for windows
   of at least 97 ticks and rejects it (``tick_range``) for the two 80-tick edge windows, so
@@ -30,7 +31,6 @@ changes or invents an answer.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -52,6 +52,7 @@ from flora.segment.run import SegmentRun, segment_dataset
 from flora.tables import TableStore
 from flora.validation.core import validate_table
 from tests.backends.backend_helpers import Server, start_server, stop_server
+from tests.tiny_finetune import finetune_stats, finetune_tiny
 
 TARGET = "0 97 1 0"  # what the fine-tuned model answers for every window
 MAX_NEW_TOKENS = 24  # bounds the random model's garbage; the target needs 9 tokens
@@ -219,128 +220,6 @@ def _content(df: pd.DataFrame) -> pd.DataFrame:
     return df[cols].sort_values(["episode_id", "event_index"]).reset_index(drop=True)
 
 
-# --------------------------------------------------------------------------- fine-tuning
-
-
-def finetune_constant(
-    base: Path,
-    out: Path,
-    requests: Sequence[VLMRequest],
-    target: str,
-    *,
-    lr: float = 2e-2,
-    max_steps: int = 300,
-    tol: float = 5e-3,
-) -> dict:
-    """Fine-tune the tiny Qwen3-VL at ``base`` to answer each request with ``target``; save.
-
-    Real gradient fine-tuning (AdamW, teacher forcing, token cross-entropy over the answer)
-    on the exact prompts the pipeline sends, rendered by the same
-    ``request_to_chat``/``render_prompt`` path the backends use. Trained: the last decoder
-    block's query and output projections, query norm, MLP and post-attention norm, and the
-    final norm. None of these feeds the keys/values of the prompt (those come from the
-    frozen embeddings, vision tower, first block and the last block's input norm and k/v
-    projections), so each prompt's KV cache is computed once and every step runs only the
-    ~10 answer tokens against it: exact (checked below), and seconds instead of minutes of
-    full passes over ~1,300-token prompts on a shared CPU.
-    """
-    import torch
-    from transformers import AutoModelForImageTextToText
-
-    from flora.backends.processing import load_processor, render_prompt, request_to_chat
-
-    proc = load_processor(base, "images")
-    model = AutoModelForImageTextToText.from_pretrained(str(base), dtype=torch.float32).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    lm = model.model.language_model
-    last = lm.layers[-1]
-    trained = [
-        last.self_attn.q_proj,
-        last.self_attn.q_norm,
-        last.self_attn.o_proj,
-        last.post_attention_layernorm,
-        last.mlp,
-        lm.norm,
-    ]
-    params = [p for m in trained for p in m.parameters()]
-    for p in params:
-        p.requires_grad_(True)
-    n_answer = len(proc.tokenizer(target + "<|im_end|>")["input_ids"])
-
-    items = []
-    for req in requests:
-        chat = request_to_chat(req, "images")
-        text = render_prompt(proc, chat) + target + "<|im_end|>"
-        enc = proc(text=[text], images=chat.images(), return_tensors="pt")
-        enc.pop("token_type_ids", None)
-        ids = enc["input_ids"]
-        cut = ids.shape[1] - n_answer - 1  # the suffix starts at the prompt's last token
-        pos, _ = model.model.get_rope_index(
-            ids,
-            mm_token_type_ids=enc["mm_token_type_ids"],
-            image_grid_thw=enc["image_grid_thw"],
-            attention_mask=enc["attention_mask"],
-        )
-        with torch.no_grad():
-            pre = model(
-                input_ids=ids[:, :cut],
-                attention_mask=enc["attention_mask"][:, :cut],
-                pixel_values=enc["pixel_values"],
-                image_grid_thw=enc["image_grid_thw"],
-                mm_token_type_ids=enc["mm_token_type_ids"][:, :cut],
-                position_ids=pos[:, :, :cut],
-                use_cache=True,
-            )
-        cache = getattr(pre, "cache", None)
-        cache = cache if cache is not None else pre.past_key_values
-        items.append((enc, pos, cut, cache, ids[0, cut + 1 :]))
-
-    def suffix_logits(enc, pos, cut, cache):
-        out = model(
-            input_ids=enc["input_ids"][:, cut:],
-            attention_mask=enc["attention_mask"],
-            position_ids=pos[:, :, cut:],
-            cache=copy.deepcopy(cache),  # the prefix cache is reused: never extend it
-            use_cache=True,
-        )
-        return out.logits[0, :-1]
-
-    # The cached-prefix pass equals a full forward pass (same weights, same positions).
-    enc, pos, cut, cache, _ = min(items, key=lambda it: it[2])
-    with torch.no_grad():
-        full = model(**enc, position_ids=pos).logits[0, cut:-1]
-        assert torch.allclose(suffix_logits(enc, pos, cut, cache), full, atol=1e-4)
-
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    loss_sum, steps = float("inf"), 0
-    t0 = time.perf_counter()
-    while steps < max_steps and loss_sum >= tol:
-        steps += 1
-        loss_sum = 0.0
-        for enc, pos, cut, cache, labels in items:
-            logits = suffix_logits(enc, pos, cut, cache)
-            loss = torch.nn.functional.cross_entropy(logits, labels) / len(items)
-            loss.backward()
-            loss_sum += loss.item()
-        opt.step()
-        opt.zero_grad()
-    stats = {
-        "target": target,
-        "steps": steps,
-        "loss": loss_sum,
-        "seconds": round(time.perf_counter() - t0, 2),
-        "windows": len(items),
-        "trained_params": sum(p.numel() for p in params),
-    }
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(base, out)  # tokenizer, processor config, chat template
-    model.save_pretrained(out)
-    (out / "flora_e2e_finetune.json").write_text(json.dumps(stats, sort_keys=True))
-    return stats
-
-
 # --------------------------------------------------------------------------- fixtures
 
 
@@ -405,7 +284,9 @@ def tuned_dir(tiny_vlm_dir, random_done, tmp_path_factory) -> Path:
     for req, _ in random_done.rec.calls:
         first.setdefault(req.request_id, req)
     out = tmp_path_factory.mktemp("e2e_tuned") / "model"
-    stats = finetune_constant(tiny_vlm_dir("qwen3_vl"), out, list(first.values()), TARGET)
+    pairs = [(req, TARGET) for req in first.values()]
+    out = finetune_tiny(tiny_vlm_dir("qwen3_vl"), pairs, out)
+    stats = finetune_stats(out)
     assert stats["loss"] < 5e-3, stats
     return out
 
