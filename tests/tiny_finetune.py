@@ -9,14 +9,15 @@ writing run on genuine model output (with genuine logprobs).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from flora.backends.base import VLMRequest
+from flora.backends.base import VLMRequest, VLMResponse
 
 STATS_FILE = "flora_tiny_finetune.json"
 END = "<|im_end|>"
@@ -151,3 +152,44 @@ def finetune_tiny(
     model.save_pretrained(out)
     (out / STATS_FILE).write_text(json.dumps(stats, sort_keys=True))
     return out
+
+
+class Recording:
+    """Transparent backend wrapper: forwards every batch to the real backend, keeps both sides.
+
+    It never changes or invents an answer; tests use it to assert what was sent and returned.
+    """
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.calls: list[tuple[VLMRequest, VLMResponse]] = []
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def model_version(self) -> str:
+        return self.inner.model_version  # OpenAIBackend learns it from the first answer
+
+    def generate(self, requests: Sequence[VLMRequest]) -> list[VLMResponse]:
+        responses = self.inner.generate(requests)
+        self.calls.extend(zip(requests, responses, strict=True))
+        return responses
+
+
+@contextlib.contextmanager
+def single_torch_thread() -> Iterator[None]:
+    """One intra-op torch thread for tiny tensors.
+
+    With two, OpenMP workers spin-wait around each of thousands of tiny ops; on CPU cores
+    shared with other jobs (CI) that made fine-tuning and generation 10-20x slower.
+    """
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)

@@ -11,12 +11,12 @@ is exactly what the model said (the ground truth), with no failures.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pandas as pd
 import pytest
 
-from flora.backends.base import VLMRequest, VLMResponse
+from flora.backends.base import VLMRequest
 from flora.caption.grammar import parse_caption, render_caption
 from flora.caption.run import (
     CaptionConfig,
@@ -27,42 +27,16 @@ from flora.caption.run import (
 from flora.data.dataset import open_dataset
 from flora.tables import TableStore
 from flora.validation.core import validate_table
-from tests.tiny_finetune import finetune_stats, finetune_tiny
+from tests.tiny_finetune import Recording, finetune_stats, finetune_tiny, single_torch_thread
 
 EPISODE = 0
 CONFIG = CaptionConfig(max_target_frames=4, max_context_frames=2, max_new_tokens=48)
 
 
-class Recording:
-    """Transparent wrapper: forwards every batch to the real backend and keeps both sides."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.calls: list[tuple[VLMRequest, VLMResponse]] = []
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def model_version(self) -> str:
-        return self.inner.model_version
-
-    def generate(self, requests: Sequence[VLMRequest]) -> list[VLMResponse]:
-        responses = self.inner.generate(requests)
-        self.calls.extend(zip(requests, responses, strict=True))
-        return responses
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: OpenMP spin-waits around tiny ops are slow on shared cores."""
-    import torch
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+    with single_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

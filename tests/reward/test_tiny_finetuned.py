@@ -16,12 +16,11 @@ output implies (and, since the model learnt it, what the ground truth says).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from flora.backends.base import VLMRequest, VLMResponse
 from flora.data.dataset import open_dataset
 from flora.data.ground_truth import load_ground_truth
 from flora.reward.benchmark import gt_rubric_for
@@ -44,7 +43,7 @@ from flora.reward.run import (
 )
 from flora.tables import TableStore
 from flora.validation.core import validate_table
-from tests.tiny_finetune import finetune_stats, finetune_tiny
+from tests.tiny_finetune import Recording, finetune_stats, finetune_tiny, single_torch_thread
 
 EPISODE = 1  # 14 s, missed grasp: outcome 4, one dense window with failure labels, partial rubric
 OUTCOME_FRAMES = 8
@@ -52,36 +51,10 @@ RUBRIC_FRAMES = 4
 THINKING = "Scoring each step from the clips."
 
 
-class Recording:
-    """Transparent wrapper: forwards every batch to the real backend and keeps both sides."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.calls: list[tuple[VLMRequest, VLMResponse]] = []
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def model_version(self) -> str:
-        return self.inner.model_version
-
-    def generate(self, requests: Sequence[VLMRequest]) -> list[VLMResponse]:
-        responses = self.inner.generate(requests)
-        self.calls.extend(zip(requests, responses, strict=True))
-        return responses
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: OpenMP spin-waits around tiny ops are slow on shared cores."""
-    import torch
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+    with single_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +52,8 @@ from flora.segment.run import SegmentRun, segment_dataset
 from flora.tables import TableStore
 from flora.validation.core import validate_table
 from tests.backends.backend_helpers import Server, start_server, stop_server
-from tests.tiny_finetune import finetune_stats, finetune_tiny
+from tests.tiny_finetune import Recording as _Recording
+from tests.tiny_finetune import finetune_stats, finetune_tiny, single_torch_thread
 
 TARGET = "0 97 1 0"  # what the fine-tuned model answers for every window
 MAX_NEW_TOKENS = 24  # bounds the random model's garbage; the target needs 9 tokens
@@ -65,25 +66,8 @@ PROVENANCE = ["model", "model_version", "run_id"]
 # --------------------------------------------------------------------------- helpers
 
 
-class Recording:
-    """Transparent wrapper: forwards every batch to the real backend and keeps both sides."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.calls: list[tuple[VLMRequest, VLMResponse]] = []
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def model_version(self) -> str:
-        return self.inner.model_version  # OpenAIBackend learns it from the first answer
-
-    def generate(self, requests: Sequence[VLMRequest]) -> list[VLMResponse]:
-        responses = self.inner.generate(requests)
-        self.calls.extend(zip(requests, responses, strict=True))
-        return responses
+class Recording(_Recording):
+    """Recording that can also group its calls by window."""
 
     def by_window(self) -> dict[tuple[str, str, int], list[tuple[VLMRequest, VLMResponse]]]:
         """Calls grouped by (episode_id, pass, window index), in call order."""
@@ -248,17 +232,8 @@ def _segment(dataset: Path, out: Path, backend, run_id: str, attempts: int) -> D
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread() -> Iterator[None]:
-    """One intra-op thread for this module's tiny tensors.
-
-    With two, OpenMP workers spin-wait around each of thousands of tiny ops; on CPU cores
-    shared with other jobs (CI) that made fine-tuning and generation 10-20x slower here.
-    """
-    import torch
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+    with single_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
