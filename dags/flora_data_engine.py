@@ -38,14 +38,6 @@ DAG_ID = "flora_data_engine"
 REWARD_MODES = ("outcome", "dense", "rubric")
 
 
-def _run_tags(dag_run: Any) -> dict[str, str]:
-    return {
-        "orchestrator": "airflow",
-        "airflow.dag_id": DAG_ID,
-        "airflow.run_id": str(getattr(dag_run, "run_id", "") or ""),
-    }
-
-
 @dag(
     dag_id=DAG_ID,
     schedule=None,
@@ -99,11 +91,13 @@ def flora_data_engine() -> None:
 
         from flora.engine import ingest_tracked
         from flora.settings import get_settings
+        from flora.tracking import airflow_run_tags
 
         s = get_settings()
         path = Path((params or {}).get("dataset") or s.dataset).resolve()
         out_dir = s.outputs_dir.resolve()
-        tags = {"dataset": path.name, "dataset_path": str(path), **_run_tags(dag_run)}
+        tags = {"dataset": path.name, "dataset_path": str(path)}
+        tags |= airflow_run_tags(DAG_ID, dag_run)
         result, run_id = ingest_tracked(path, out_dir / "manifest" / f"{path.name}.parquet",
                                         tags=tags, run_name=f"{DAG_ID}/{path.name}")  # fmt: skip
         return {

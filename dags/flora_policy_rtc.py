@@ -23,14 +23,6 @@ from airflow.sdk import Param, dag, task
 DAG_ID = "flora_policy_rtc"
 
 
-def _run_tags(dag_run: Any) -> dict[str, str]:
-    return {
-        "orchestrator": "airflow",
-        "airflow.dag_id": DAG_ID,
-        "airflow.run_id": str(getattr(dag_run, "run_id", "") or ""),
-    }
-
-
 @dag(
     dag_id=DAG_ID,
     schedule=None,
@@ -62,7 +54,7 @@ def flora_policy_rtc() -> None:
 
         from flora.policy.lerobot import find_caption_table
         from flora.settings import get_settings
-        from flora.tracking import mlflow_run
+        from flora.tracking import airflow_run_tags, mlflow_run
 
         p = params or {}
         s = get_settings()
@@ -70,7 +62,8 @@ def flora_policy_rtc() -> None:
         outputs = s.outputs_dir.resolve()
         events = p.get("events") or find_caption_table(outputs)  # the engine's captions
         run_key = str(getattr(dag_run, "run_id", "") or "manual").replace(":", "_")
-        tags = {"dataset": path.name, "dataset_path": str(path), **_run_tags(dag_run)}
+        tags = {"dataset": path.name, "dataset_path": str(path)}
+        tags |= airflow_run_tags(DAG_ID, dag_run)
         with mlflow_run("policy_prepare", tags=tags, run_name=f"{DAG_ID}/{path.name}") as run:
             run_id = run.info.run_id
         return {

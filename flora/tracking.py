@@ -116,6 +116,15 @@ def mlflow_run(
         mlflow.end_run(status="FINISHED")
 
 
+def airflow_run_tags(dag_id: str, dag_run: Any) -> dict[str, str]:
+    """MLflow tags that tie a run to the Airflow DAG run that produced it."""
+    return {
+        "orchestrator": "airflow",
+        "airflow.dag_id": dag_id,
+        "airflow.run_id": str(getattr(dag_run, "run_id", "") or ""),
+    }
+
+
 def _metric_key(*parts: str) -> str:
     # MLflow keys allow [A-Za-z0-9_-./ ]; table/column names are mapped onto that.
     return ".".join(
