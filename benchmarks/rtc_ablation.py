@@ -55,8 +55,7 @@ def _train_branch(name: str) -> tuple[str, dict[str, torch.Tensor], float]:
         "tt_exp": rtc.DelayDistribution.exponential(5, 0.5),
         "tt_unif": rtc.DelayDistribution.uniform(5),
     }[name]
-    train_epochs(st, G["data"], G["rtc_epochs"], G["tc"], delays=delays, desc=name,
-                 progress=False)
+    train_epochs(st, G["data"], G["rtc_epochs"], G["tc"], delays=delays, desc=name, progress=False)
     return name, st.model.state_dict(), time.time() - t
 
 
@@ -68,16 +67,32 @@ def _eval(job: tuple[str, str, int, str]) -> dict[str, Any]:
     cfg: BenchConfig = G["cfg"]
     t = time.time()
     with torch.no_grad() if method != "inference_time" else torch.enable_grad():
-        out = rollout(G["models"][key], G["envs"][env_key], method, d, G["rollouts"],
-                      horizon=cfg.horizon, steps=cfg.denoise_steps, seed=cfg.seed + 1000 + d,
-                      lang_vocab=cfg.lang_vocab)
+        out = rollout(
+            G["models"][key],
+            G["envs"][env_key],
+            method,
+            d,
+            G["rollouts"],
+            horizon=cfg.horizon,
+            steps=cfg.denoise_steps,
+            seed=cfg.seed + 1000 + d,
+            lang_vocab=cfg.lang_vocab,
+        )
     k = int(out["success"].sum())
     n = G["rollouts"]
-    return {"arm": label if key == "plain" else key, "d": d, "env": env_key, "successes": k,
-            "n": n, "rate": k / n, "ci95": list(wilson(k, n)),
-            "collision_rate": float(out["collided"].float().mean()),
-            "mean_steps": float(out["steps"].float().mean()),
-            "success_vec": out["success"].int().tolist(), "seconds": time.time() - t}
+    return {
+        "arm": label if key == "plain" else key,
+        "d": d,
+        "env": env_key,
+        "successes": k,
+        "n": n,
+        "rate": k / n,
+        "ci95": list(wilson(k, n)),
+        "collision_rate": float(out["collided"].float().mean()),
+        "mean_steps": float(out["steps"].float().mean()),
+        "success_vec": out["success"].int().tolist(),
+        "seconds": time.time() - t,
+    }
 
 
 def prefix_match(models: dict[str, Any], cfg: BenchConfig, d: int, n_ep: int) -> dict[str, Any]:
@@ -109,28 +124,50 @@ def prefix_match(models: dict[str, Any], cfg: BenchConfig, d: int, n_ep: int) ->
     B = len(e)
     gp = torch.Generator().manual_seed(7)
     with torch.no_grad():
-        prev = rtc.sample(models["plain"], obs_old, None, d, cfg.denoise_steps, "plain",
-                          s=s, shape=(B, H, 2), generator=gp)
+        prev = rtc.sample(
+            models["plain"],
+            obs_old,
+            None,
+            d,
+            cfg.denoise_steps,
+            "plain",
+            s=s,
+            shape=(B, H, 2),
+            generator=gp,
+        )
     prefix = prev[:, s:]
     both = L[:, 1:] & L[:, :-1]
     expert_step = float((A[:, 1:] - A[:, :-1]).norm(dim=-1)[both].mean())
     res: dict[str, Any] = {"d": d, "s": s, "pairs": B, "expert_mean_action_change": expert_step}
-    arms = {"naive_async (plain)": ("plain", "plain"),
-            "inference_time": ("plain", "inference_time"),
-            "tt_exp": ("tt_exp", "training_time"), "tt_unif": ("tt_unif", "training_time")}
+    arms = {
+        "naive_async (plain)": ("plain", "plain"),
+        "inference_time": ("plain", "inference_time"),
+        "tt_exp": ("tt_exp", "training_time"),
+        "tt_unif": ("tt_unif", "training_time"),
+    }
     for label, (key, meth) in arms.items():
         g2 = torch.Generator().manual_seed(11)
         ctx = torch.enable_grad() if meth == "inference_time" else torch.no_grad()
         with ctx:
-            new = rtc.sample(models[key], obs_new, prefix, d, cfg.denoise_steps, meth, s=s,
-                             shape=(B, H, 2), generator=g2).detach()
+            new = rtc.sample(
+                models[key],
+                obs_new,
+                prefix,
+                d,
+                cfg.denoise_steps,
+                meth,
+                s=s,
+                shape=(B, H, 2),
+                generator=g2,
+            ).detach()
         pre_err = (new[:, :d] - prefix[:, :d]).norm(dim=-1)  # (B, d)
         jump = (new[:, d] - prefix[:, d - 1]).norm(dim=-1)  # executed discontinuity
         res[label] = {
             "prefix_rms": float(pre_err.pow(2).mean().sqrt()),
             "prefix_err_last_row": float(pre_err[:, -1].mean()),
-            "jump_mean": float(jump.mean()), "jump_p90": float(jump.quantile(0.9)),
-            "postfix_step_mean": float((new[:, d + 1:] - new[:, d:-1]).norm(dim=-1).mean()),
+            "jump_mean": float(jump.mean()),
+            "jump_p90": float(jump.quantile(0.9)),
+            "postfix_step_mean": float((new[:, d + 1 :] - new[:, d:-1]).norm(dim=-1).mean()),
         }
     return res
 
@@ -151,31 +188,53 @@ def main() -> None:
     ap.add_argument("--rtc-epochs", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-h2", action="store_true")
-    ap.add_argument("--refs", action="store_true",
-                    help="second run: only plain + tt_exp; d=4 repeats (determinism) + d=0")
+    ap.add_argument(
+        "--refs",
+        action="store_true",
+        help="second run: only plain + tt_exp; d=4 repeats (determinism) + d=0",
+    )
     ap.add_argument("--demos", type=int, default=3000, help="expert episodes (smoke tests)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    cfg = BenchConfig(epochs=a.epochs, rtc_epochs=a.rtc_epochs, rollouts=a.rollouts,
-                      threads=1, demo_episodes=a.demos)
+    cfg = BenchConfig(
+        epochs=a.epochs,
+        rtc_epochs=a.rtc_epochs,
+        rollouts=a.rollouts,
+        threads=1,
+        demo_episodes=a.demos,
+    )
     env = PursuitEnv(cfg.env)
-    data, demo_stats = collect_demos(env, cfg.demo_episodes, cfg.horizon,
-                                     torch.Generator().manual_seed(cfg.seed + 1), cfg.lang_vocab)
+    data, demo_stats = collect_demos(
+        env,
+        cfg.demo_episodes,
+        cfg.horizon,
+        torch.Generator().manual_seed(cfg.seed + 1),
+        cfg.lang_vocab,
+    )
     print(f"demos {demo_stats} ({time.time() - t0:.0f}s)", flush=True)
-    dit = DiTConfig(action_dim=2, horizon=cfg.horizon, state_dim=cfg.env.state_dim,
-                    lang_vocab=cfg.lang_vocab, hidden=cfg.hidden, depth=cfg.depth,
-                    heads=cfg.heads)
-    tc = TrainConfig(total_epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                     seed=cfg.seed, warmup_steps=min(200, max(1, len(data) // cfg.batch_size)))
+    dit = DiTConfig(
+        action_dim=2,
+        horizon=cfg.horizon,
+        state_dim=cfg.env.state_dim,
+        lang_vocab=cfg.lang_vocab,
+        hidden=cfg.hidden,
+        depth=cfg.depth,
+        heads=cfg.heads,
+    )
+    tc = TrainConfig(
+        total_epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        seed=cfg.seed,
+        warmup_steps=min(200, max(1, len(data) // cfg.batch_size)),
+    )
     st = new_state(dit, tc)
     train_epochs(st, data, cfg.epochs - cfg.rtc_epochs, tc, desc="bc", progress=False)
-    print(f"base {cfg.epochs - cfg.rtc_epochs} epochs done ({time.time() - t0:.0f}s)",
-          flush=True)
-    G.update(snap=st, data=data, tc=tc, rtc_epochs=cfg.rtc_epochs, cfg=cfg,
-             rollouts=a.rollouts)
+    print(f"base {cfg.epochs - cfg.rtc_epochs} epochs done ({time.time() - t0:.0f}s)", flush=True)
+    G.update(snap=st, data=data, tc=tc, rtc_epochs=cfg.rtc_epochs, cfg=cfg, rollouts=a.rollouts)
     ctx = mp.get_context("fork")
     models: dict[str, Any] = {}
     branches = ["tt_exp", "plain"] if a.refs else ["tt_unif", "tt_exp", "plain"]
@@ -190,11 +249,19 @@ def main() -> None:
     t_train = time.time() - t0
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": machine_description(), "demos": demo_stats,
-        "protocol": {"epochs": cfg.epochs, "rtc_epochs": cfg.rtc_epochs,
-                     "rollouts": a.rollouts, "delays_eval": [2, 3, 4], "s": "max(d,1)",
-                     "tt_exp": "2^-d on {0..4}", "tt_unif": "uniform on {0..4}"},
-        "train_seconds": t_train, "points": [],
+        "machine": machine_description(),
+        "demos": demo_stats,
+        "protocol": {
+            "epochs": cfg.epochs,
+            "rtc_epochs": cfg.rtc_epochs,
+            "rollouts": a.rollouts,
+            "delays_eval": [2, 3, 4],
+            "s": "max(d,1)",
+            "tt_exp": "2^-d on {0..4}",
+            "tt_unif": "uniform on {0..4}",
+        },
+        "train_seconds": t_train,
+        "points": [],
     }
     for m in models.values():
         m.eval()
@@ -202,35 +269,57 @@ def main() -> None:
         results["h1"] = prefix_match(models, cfg, d=4, n_ep=256)
         print(json.dumps(results["h1"], indent=1), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    slow = dataclasses.replace(cfg.env, ball_speed=cfg.env.ball_speed / 2,
-                               turn_prob=cfg.env.turn_prob / 2)
+    slow = dataclasses.replace(
+        cfg.env, ball_speed=cfg.env.ball_speed / 2, turn_prob=cfg.env.turn_prob / 2
+    )
     G.update(models=models, envs={"normal": PursuitEnv(cfg.env), "slow": PursuitEnv(slow)})
-    jobs = [(lab, key, d, "normal") for d in (4, 3, 2)
-            for lab, key in (("inference_time", "plain"), ("training_time", "tt_unif"),
-                             ("training_time", "tt_exp"))]
+    jobs = [
+        (lab, key, d, "normal")
+        for d in (4, 3, 2)
+        for lab, key in (
+            ("inference_time", "plain"),
+            ("training_time", "tt_unif"),
+            ("training_time", "tt_exp"),
+        )
+    ]
     if not a.no_h2:
-        jobs += [(lab, key, 4, "slow") for lab, key in
-                 (("inference_time", "plain"), ("training_time", "tt_exp"),
-                  ("naive_async", "plain"))]
+        jobs += [
+            (lab, key, 4, "slow")
+            for lab, key in (
+                ("inference_time", "plain"),
+                ("training_time", "tt_exp"),
+                ("naive_async", "plain"),
+            )
+        ]
     if a.refs:  # d=4 repeats (same seeds: determinism check) and the d=0 reference
-        jobs = [("training_time", "tt_exp", 4, "normal"), ("naive_async", "plain", 0, "normal"),
-                 ("inference_time", "plain", 4, "normal")]
+        jobs = [
+            ("training_time", "tt_exp", 4, "normal"),
+            ("naive_async", "plain", 0, "normal"),
+            ("inference_time", "plain", 4, "normal"),
+        ]
     with ctx.Pool(a.workers) as pool:
         for p in pool.imap_unordered(_eval, jobs):
             results["points"].append(p)
-            print(f"{p['arm']:>15} d={p['d']} {p['env']:>6}: {p['rate']:.3f} "
-                  f"[{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}] coll {p['collision_rate']:.3f} "
-                  f"steps {p['mean_steps']:.1f} ({p['seconds']:.0f}s; {time.time() - t0:.0f}s)",
-                  flush=True)
+            print(
+                f"{p['arm']:>15} d={p['d']} {p['env']:>6}: {p['rate']:.3f} "
+                f"[{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}] coll {p['collision_rate']:.3f} "
+                f"steps {p['mean_steps']:.1f} ({p['seconds']:.0f}s; {time.time() - t0:.0f}s)",
+                flush=True,
+            )
             (out / "results.json").write_text(json.dumps(results, indent=1))
     by = {(p["arm"], p["d"], p["env"]): p for p in results["points"]}
     diffs = {}
     for d, env_key in [(2, "normal"), (3, "normal"), (4, "normal"), (4, "slow")]:
-        for x, y in [("tt_unif", "tt_exp"), ("tt_unif", "inference_time"),
-                     ("tt_exp", "inference_time"), ("inference_time", "naive_async")]:
+        for x, y in [
+            ("tt_unif", "tt_exp"),
+            ("tt_unif", "inference_time"),
+            ("tt_exp", "inference_time"),
+            ("inference_time", "naive_async"),
+        ]:
             if (x, d, env_key) in by and (y, d, env_key) in by:
                 diffs[f"{x}-{y} d={d} {env_key}"] = paired_diff(
-                    by[(x, d, env_key)]["success_vec"], by[(y, d, env_key)]["success_vec"])
+                    by[(x, d, env_key)]["success_vec"], by[(y, d, env_key)]["success_vec"]
+                )
     results["paired_diffs"] = diffs
     results["total_seconds"] = time.time() - t0
     for k, v in diffs.items():

@@ -39,12 +39,14 @@ PRESETS = {
 METHODS = ("plain", "training_time", "inference_time")
 
 
-def build(preset: str, horizon: int, action_dim: int, device: str, dtype: torch.dtype
-          ) -> DiTActionExpert:
+def build(
+    preset: str, horizon: int, action_dim: int, device: str, dtype: torch.dtype
+) -> DiTActionExpert:
     """A randomly initialised expert (gates perturbed so every block does real work)."""
     torch.manual_seed(0)
-    cfg = DiTConfig(action_dim=action_dim, horizon=horizon, state_dim=32, lang_vocab=4096,
-                    **PRESETS[preset])
+    cfg = DiTConfig(
+        action_dim=action_dim, horizon=horizon, state_dim=32, lang_vocab=4096, **PRESETS[preset]
+    )
     model = DiTActionExpert(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -57,8 +59,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_methods(model: DiTActionExpert, *, d: int, s: int, steps: int, repeats: int,
-                 warmup: int, device: str) -> dict[str, list[float]]:
+def time_methods(
+    model: DiTActionExpert, *, d: int, s: int, steps: int, repeats: int, warmup: int, device: str
+) -> dict[str, list[float]]:
     """Milliseconds per chunk for each method, interleaved so drift hits all alike."""
     cfg = model.config
     dtype = next(model.parameters()).dtype
@@ -100,8 +103,15 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     model = build(args.preset, args.horizon, args.action_dim, args.device, dtype)
-    times = time_methods(model, d=args.delay, s=args.s, steps=args.steps,
-                         repeats=args.repeats, warmup=args.warmup, device=args.device)
+    times = time_methods(
+        model,
+        d=args.delay,
+        s=args.s,
+        steps=args.steps,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        device=args.device,
+    )
     med = {m: statistics.median(v) for m, v in times.items()}
     res = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -122,16 +132,20 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio_training_time_over_plain": med["training_time"] / med["plain"],
         "ratio_inference_time_over_plain": med["inference_time"] / med["plain"],
     }
-    print(f"DiT {res['parameters'] / 1e6:.1f}M params, H={args.horizon}, {args.steps} steps, "
-          f"d={args.delay}, s={args.s}, batch 1, {args.device} {args.dtype}, "
-          f"{res['threads']} threads, median of {args.repeats}")
+    print(
+        f"DiT {res['parameters'] / 1e6:.1f}M params, H={args.horizon}, {args.steps} steps, "
+        f"d={args.delay}, s={args.s}, batch 1, {args.device} {args.dtype}, "
+        f"{res['threads']} threads, median of {args.repeats}"
+    )
     print("| method | median ms/chunk | min ms | vs plain |")
     print("| --- | --- | --- | --- |")
     for m in METHODS:
         print(f"| {m} | {med[m]:.1f} | {res['min_ms'][m]:.1f} | {med[m] / med['plain']:.3f} |")
     ok = res["ratio_training_time_over_plain"] <= 1.05
-    print(f"training-time / plain = {res['ratio_training_time_over_plain']:.3f} "
-          f"({'meets' if ok else 'misses'} the <= 1.05 target)")
+    print(
+        f"training-time / plain = {res['ratio_training_time_over_plain']:.3f} "
+        f"({'meets' if ok else 'misses'} the <= 1.05 target)"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=2))

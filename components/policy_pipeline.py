@@ -42,14 +42,22 @@ def train_policy_op(
 
     out_dir = tempfile.mkdtemp(prefix="flora-policy-")
     cfg = PolicyTrainConfig(
-        dataset=dataset_path, out=out_dir, events=events_path or None, epochs=epochs,
-        horizon=horizon, max_delay=max_delay, hidden=hidden, depth=depth, progress=False,
+        dataset=dataset_path,
+        out=out_dir,
+        events=events_path or None,
+        epochs=epochs,
+        horizon=horizon,
+        max_delay=max_delay,
+        hidden=hidden,
+        depth=depth,
+        progress=False,
         checkpoint_every=0,
     )
     summary = train_policy(cfg)
     shutil.copyfile(summary["checkpoint"], checkpoint.path)
-    checkpoint.metadata.update({"framework": "torch", "kind": "flora.policy.dit",
-                                "mlflow_run_id": summary["run_id"]})
+    checkpoint.metadata.update(
+        {"framework": "torch", "kind": "flora.policy.dit", "mlflow_run_id": summary["run_id"]}
+    )
     metrics.log_metric("final_loss", float(summary["final_loss"]))
     metrics.log_metric("train_chunks", float(summary["train_chunks"]))
     out = namedtuple("Outputs", ["mlflow_run_id", "train_chunks"])
@@ -77,8 +85,7 @@ def evaluate_policy_op(
 
     h = load_policy(checkpoint.path).model.config.horizon
     delays = tuple(d for d in range(max_delay) if d <= h - max(d, 1))
-    rep = evaluate_policy(checkpoint.path, dataset_path, events=events_path or None,
-                          delays=delays)
+    rep = evaluate_policy(checkpoint.path, dataset_path, events=events_path or None, delays=delays)
     with open(report.path, "w") as f:
         json.dump(rep, f, indent=2)
     flat = {f"latency_ms.{m}": v for m, v in rep["latency_ms"].items()}
@@ -109,15 +116,23 @@ def policy_rtc_pipeline(
 ) -> float:
     """Returns the measured training-time / plain per-chunk latency ratio."""
     train = train_policy_op(
-        dataset_path=dataset_path, events_path=events_path, epochs=epochs, horizon=horizon,
-        max_delay=max_delay, hidden=hidden, depth=depth,
+        dataset_path=dataset_path,
+        events_path=events_path,
+        epochs=epochs,
+        horizon=horizon,
+        max_delay=max_delay,
+        hidden=hidden,
+        depth=depth,
     )
     train.set_caching_options(False)
     train.set_cpu_limit("8").set_memory_limit("32G")
     train.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
     ev = evaluate_policy_op(
-        dataset_path=dataset_path, mlflow_run_id=train.outputs["mlflow_run_id"],
-        checkpoint=train.outputs["checkpoint"], events_path=events_path, max_delay=max_delay,
+        dataset_path=dataset_path,
+        mlflow_run_id=train.outputs["mlflow_run_id"],
+        checkpoint=train.outputs["checkpoint"],
+        events_path=events_path,
+        max_delay=max_delay,
     )
     ev.set_caching_options(False)
     ev.set_cpu_limit("2").set_memory_limit("8G")

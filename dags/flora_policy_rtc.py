@@ -32,10 +32,14 @@ DAG_ID = "flora_policy_rtc"
     tags=["flora", "policy", "rtc"],
     default_args={"retries": 0},
     params={
-        "dataset": Param(None, type=["null", "string"],
-                         description="Dataset root; empty means FLORA_DATASET."),
-        "events": Param(None, type=["null", "string"],
-                        description="Captions table; empty: <outputs>/captions or /events."),
+        "dataset": Param(
+            None, type=["null", "string"], description="Dataset root; empty means FLORA_DATASET."
+        ),
+        "events": Param(
+            None,
+            type=["null", "string"],
+            description="Captions table; empty: <outputs>/captions or /events.",
+        ),
         "epochs": Param(20, type="integer", minimum=1),
         "horizon": Param(16, type="integer", minimum=2),
         "max_delay": Param(5, type="integer", minimum=1),
@@ -73,9 +77,16 @@ def flora_policy_rtc() -> None:
             "events": str(Path(events).resolve()) if events else None,
             "policy_dir": str(outputs / "policy" / path.name / run_key),
             "mlflow_run_id": run_id,
-            "train": {k: int(p.get(k) or d) for k, d in (
-                ("epochs", 20), ("horizon", 16), ("max_delay", 5), ("hidden", 128),
-                ("depth", 4))},
+            "train": {
+                k: int(p.get(k) or d)
+                for k, d in (
+                    ("epochs", 20),
+                    ("horizon", 16),
+                    ("max_delay", 5),
+                    ("hidden", 128),
+                    ("depth", 4),
+                )
+            },
         }
 
     @task
@@ -84,13 +95,22 @@ def flora_policy_rtc() -> None:
         from flora.policy.lerobot import PolicyTrainConfig, train_policy
 
         cfg = PolicyTrainConfig(
-            dataset=state["dataset_path"], out=state["policy_dir"], events=state["events"],
-            run_id=state["mlflow_run_id"], progress=False, **state["train"],
+            dataset=state["dataset_path"],
+            out=state["policy_dir"],
+            events=state["events"],
+            run_id=state["mlflow_run_id"],
+            progress=False,
+            **state["train"],
         )
         summary = train_policy(cfg)
-        return {**state, "checkpoint": summary["checkpoint"],
-                "train_summary": {k: summary[k] for k in (
-                    "episodes", "train_chunks", "final_loss", "caption_steps", "failures")}}
+        return {
+            **state,
+            "checkpoint": summary["checkpoint"],
+            "train_summary": {
+                k: summary[k]
+                for k in ("episodes", "train_chunks", "final_loss", "caption_steps", "failures")
+            },
+        }
 
     @task
     def evaluate(state: dict[str, Any]) -> dict[str, Any]:
@@ -106,13 +126,13 @@ def flora_policy_rtc() -> None:
 
         h = state["train"]["horizon"]
         delays = tuple(d for d in range(state["train"]["max_delay"]) if d <= h - max(d, 1))
-        report = evaluate_policy(state["checkpoint"], state["dataset_path"],
-                                 events=state["events"], delays=delays)
+        report = evaluate_policy(
+            state["checkpoint"], state["dataset_path"], events=state["events"], delays=delays
+        )
         out = Path(state["policy_dir"]) / "evaluation.json"
         out.write_text(json.dumps(report, indent=2))
         with mlflow_run("policy_evaluate", run_id=state["mlflow_run_id"]):
-            metrics = {f"policy.eval.latency_ms.{m}": v
-                       for m, v in report["latency_ms"].items()}
+            metrics = {f"policy.eval.latency_ms.{m}": v for m, v in report["latency_ms"].items()}
             for r in report["rows"]:
                 key = f"policy.eval.d{r['d']}.{r['method']}"
                 metrics[f"{key}.postfix_mse"] = r["postfix_mse"]
@@ -120,8 +140,11 @@ def flora_policy_rtc() -> None:
                     metrics[f"{key}.boundary_jump"] = r["boundary_jump"]
             mlflow.log_metrics(metrics)
             mlflow.log_artifact(str(out), artifact_path="policy")
-        return {**state, "evaluation": str(out),
-                "latency_ratio": report["latency_ratio_training_time_over_plain"]}
+        return {
+            **state,
+            "evaluation": str(out),
+            "latency_ratio": report["latency_ratio_training_time_over_plain"],
+        }
 
     evaluate(train(prepare()))
 

@@ -87,8 +87,17 @@ class BenchConfig:
     @classmethod
     def quick(cls) -> BenchConfig:
         """Tiny settings that exercise every code path in seconds (mechanics, not numbers)."""
-        return cls(rollouts=64, demo_episodes=120, epochs=4, rtc_epochs=1, denoise_steps=2,
-                   hidden=32, depth=2, batch_size=128, lr=2e-3)
+        return cls(
+            rollouts=64,
+            demo_episodes=120,
+            epochs=4,
+            rtc_epochs=1,
+            denoise_steps=2,
+            hidden=32,
+            depth=2,
+            batch_size=128,
+            lr=2e-3,
+        )
 
     def __post_init__(self) -> None:
         if not 0 < self.rtc_epochs < self.epochs:
@@ -102,8 +111,12 @@ class BenchConfig:
 
 # ----------------------------------------------------------------------- demonstrations
 def collect_demos(
-    env: PursuitEnv, episodes: int, horizon: int, generator: torch.Generator,
-    lang_vocab: int, lang_tokens: int = 16,
+    env: PursuitEnv,
+    episodes: int,
+    horizon: int,
+    generator: torch.Generator,
+    lang_vocab: int,
+    lang_tokens: int = 16,
 ) -> tuple[ChunkDataset, dict[str, float]]:
     """Roll the expert out (with action noise) and cut every step of every *successful*
     episode into an H-step chunk of the expert's commands (padded with the last command)."""
@@ -126,7 +139,7 @@ def collect_demos(
     T = S.shape[1]
     t_idx = torch.arange(T)
     # Chunk indices clipped to the episode's last live step: padding repeats the last action.
-    win = (t_idx[:, None] + torch.arange(horizon)[None, :])  # (T, H)
+    win = t_idx[:, None] + torch.arange(horizon)[None, :]  # (T, H)
     rows_s, rows_c, rows_l = [], [], []
     for e in ok.nonzero().flatten().tolist():
         n = int(lengths[e])
@@ -186,12 +199,23 @@ def rollout(
     lang = hash_tokens(st.texts, lang_vocab, lang_tokens)
     sample_method = {"synchronous": "plain", "naive_async": "plain"}.get(method, method)
 
-    def chunks(idx: torch.Tensor, meth: str, prefix: torch.Tensor | None,
-               gen: torch.Generator = g_pol) -> torch.Tensor:
+    def chunks(
+        idx: torch.Tensor, meth: str, prefix: torch.Tensor | None, gen: torch.Generator = g_pol
+    ) -> torch.Tensor:
         obs = {"state": env.observe(st)[idx], "lang_ids": lang[idx]}
         return rtc.sample(
-            model, obs, prefix, d, steps, meth, s=s, shape=(len(idx), H, A),
-            schedule=schedule, beta=beta, soft_strength=soft_strength, generator=gen,
+            model,
+            obs,
+            prefix,
+            d,
+            steps,
+            meth,
+            s=s,
+            shape=(len(idx), H, A),
+            schedule=schedule,
+            beta=beta,
+            soft_strength=soft_strength,
+            generator=gen,
         )
 
     zeros = torch.zeros(n, A)
@@ -258,19 +282,32 @@ def machine_description() -> str:
                 break
     except OSError:
         pass
-    return (f"{os.cpu_count()}-core CPU ({model}), torch {torch.__version__}, "
-            f"{torch.get_num_threads()} torch thread(s)")
+    return (
+        f"{os.cpu_count()}-core CPU ({model}), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} torch thread(s)"
+    )
 
 
 # ------------------------------------------------------------------------------- runner
-def _models(cfg: BenchConfig, data: ChunkDataset, progress: bool, log: Callable[[str], None]
-            ) -> tuple[dict[str, DiTActionExpert], dict[str, list[dict[str, float]]]]:
+def _models(
+    cfg: BenchConfig, data: ChunkDataset, progress: bool, log: Callable[[str], None]
+) -> tuple[dict[str, DiTActionExpert], dict[str, list[dict[str, float]]]]:
     dit = DiTConfig(
-        action_dim=2, horizon=cfg.horizon, state_dim=cfg.env.state_dim,
-        lang_vocab=cfg.lang_vocab, hidden=cfg.hidden, depth=cfg.depth, heads=cfg.heads,
+        action_dim=2,
+        horizon=cfg.horizon,
+        state_dim=cfg.env.state_dim,
+        lang_vocab=cfg.lang_vocab,
+        hidden=cfg.hidden,
+        depth=cfg.depth,
+        heads=cfg.heads,
     )
-    tc = TrainConfig(total_epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                     seed=cfg.seed, warmup_steps=min(200, max(1, len(data) // cfg.batch_size)))
+    tc = TrainConfig(
+        total_epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        seed=cfg.seed,
+        warmup_steps=min(200, max(1, len(data) // cfg.batch_size)),
+    )
     base_epochs = cfg.epochs - cfg.rtc_epochs
     st: TrainState = new_state(dit, tc)
     log(f"BC: {base_epochs} epochs on {len(data)} chunks")
@@ -293,8 +330,16 @@ def _models(cfg: BenchConfig, data: ChunkDataset, progress: bool, log: Callable[
         so = snap.clone()
         log(f"soft-overlap RTC: {cfg.rtc_epochs} epochs from epoch {base_epochs}")
         soft = rtc.SoftOverlap(strength=cfg.soft_strength, schedule=cfg.schedule)
-        train_epochs(so, data, cfg.rtc_epochs, tc, delays=delays, soft_overlap=soft,
-                     desc="soft", progress=progress)
+        train_epochs(
+            so,
+            data,
+            cfg.rtc_epochs,
+            tc,
+            delays=delays,
+            soft_overlap=soft,
+            desc="soft",
+            progress=progress,
+        )
         models["training_time_soft"] = so.model
         hist["training_time_soft"] = so.history
     return models, hist
@@ -314,15 +359,21 @@ def run_bench(
     cpu0 = time.process_time()
     env = PursuitEnv(cfg.env)
     data, demo_stats = collect_demos(
-        env, cfg.demo_episodes, cfg.horizon, torch.Generator().manual_seed(cfg.seed + 1),
+        env,
+        cfg.demo_episodes,
+        cfg.horizon,
+        torch.Generator().manual_seed(cfg.seed + 1),
         cfg.lang_vocab,
     )
     log(f"demos: {demo_stats}")
     models, hist = _models(cfg, data, progress, log)
     t_train = time.time() - t0
     checkpoint_for = {
-        "synchronous": "plain", "naive_async": "plain", "inference_time": "plain",
-        "training_time": "training_time", "training_time_soft": "training_time_soft",
+        "synchronous": "plain",
+        "naive_async": "plain",
+        "inference_time": "plain",
+        "training_time": "training_time",
+        "training_time_soft": "training_time_soft",
     }
     points: list[dict[str, Any]] = []
     jobs = [(m, d) for m in cfg.methods for d in cfg.delays]
@@ -331,20 +382,35 @@ def run_bench(
         bar.set_postfix(method=method, d=d)
         t1 = time.time()
         out = rollout(
-            models[checkpoint_for[method]], env, method, d, cfg.rollouts,
-            horizon=cfg.horizon, steps=cfg.denoise_steps, seed=cfg.seed + 1000 + d,
-            lang_vocab=cfg.lang_vocab, beta=cfg.beta, schedule=cfg.schedule,
+            models[checkpoint_for[method]],
+            env,
+            method,
+            d,
+            cfg.rollouts,
+            horizon=cfg.horizon,
+            steps=cfg.denoise_steps,
+            seed=cfg.seed + 1000 + d,
+            lang_vocab=cfg.lang_vocab,
+            beta=cfg.beta,
+            schedule=cfg.schedule,
             soft_strength=cfg.soft_strength,
         )
         k = int(out["success"].sum())
         lo, hi = wilson(k, cfg.rollouts)
-        points.append({
-            "method": method, "d": d, "s": max(d, 1), "successes": k, "n": cfg.rollouts,
-            "rate": k / cfg.rollouts, "ci95": [lo, hi],
-            "collision_rate": float(out["collided"].float().mean()),
-            "mean_steps": float(out["steps"].float().mean()),
-            "seconds": time.time() - t1,
-        })
+        points.append(
+            {
+                "method": method,
+                "d": d,
+                "s": max(d, 1),
+                "successes": k,
+                "n": cfg.rollouts,
+                "rate": k / cfg.rollouts,
+                "ci95": [lo, hi],
+                "collision_rate": float(out["collided"].float().mean()),
+                "mean_steps": float(out["steps"].float().mean()),
+                "seconds": time.time() - t1,
+            }
+        )
     env_cfg = asdict(cfg.env)
     return {
         "config": {**{k: v for k, v in asdict(cfg).items() if k != "env"}, "env": env_cfg},
@@ -395,8 +461,11 @@ def plot(results: dict[str, Any], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     colors = {
-        "synchronous": "tab:gray", "naive_async": "tab:red", "inference_time": "tab:green",
-        "training_time": "tab:blue", "training_time_soft": "tab:purple",
+        "synchronous": "tab:gray",
+        "naive_async": "tab:red",
+        "inference_time": "tab:green",
+        "training_time": "tab:blue",
+        "training_time_soft": "tab:purple",
     }
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     ax = axes[0]
@@ -406,8 +475,9 @@ def plot(results: dict[str, Any], path: str | Path) -> Path:
             continue
         ds = [p["d"] for p in pts]
         ax.plot(ds, [p["rate"] for p in pts], "o-", color=colors[m], label=LABELS[m])
-        ax.fill_between(ds, [p["ci95"][0] for p in pts], [p["ci95"][1] for p in pts],
-                        color=colors[m], alpha=0.2)
+        ax.fill_between(
+            ds, [p["ci95"][0] for p in pts], [p["ci95"][1] for p in pts], color=colors[m], alpha=0.2
+        )
     n = results["points"][0]["n"] if results["points"] else 0
     ax.set_title(f"Flora pursuit benchmark ({n} rollouts/point, 95% Wilson)")
     ax.set_xticks(sorted({p["d"] for p in results["points"]}))
@@ -455,22 +525,25 @@ def docs_block(results: dict[str, Any], img_rel: str) -> str:
     """The generated part of the docs section: run facts, table and plot link."""
     c = results["config"]
     demos = results["demos"]
-    return "\n".join([
-        DOC_BEGIN,
-        f"Run: `flora policy bench --docs` on {results['date']}; machine: "
-        f"{results['machine']}; wall time {results['total_seconds'] / 60:.1f} min "
-        f"(training {results['train_seconds'] / 60:.1f} min).",
-        f"Setup: H={c['horizon']}, {c['denoise_steps']} Euler steps, DiT hidden {c['hidden']} x "
-        f"{c['depth']} blocks; {int(demos['demo_episodes'])} expert demos "
-        f"({int(demos['demo_samples'])} chunks; expert success {demos['expert_success']:.3f}); "
-        f"{c['epochs']} epochs, RTC variants fine-tuned for the last {c['rtc_epochs']}; "
-        f"{c['rollouts']} rollouts per point, s = max(d, 1); success rate [95% Wilson].",
-        "",
-        rate_table(results),
-        "",
-        f"![RTC benchmark]({img_rel})",
-        DOC_END,
-    ])
+    return "\n".join(
+        [
+            DOC_BEGIN,
+            f"Run: `flora policy bench --docs` on {results['date']}; machine: "
+            f"{results['machine']}; wall time {results['total_seconds'] / 60:.1f} min "
+            f"(training {results['train_seconds'] / 60:.1f} min).",
+            f"Setup: H={c['horizon']}, {c['denoise_steps']} Euler steps, "
+            f"DiT hidden {c['hidden']} x "
+            f"{c['depth']} blocks; {int(demos['demo_episodes'])} expert demos "
+            f"({int(demos['demo_samples'])} chunks; expert success {demos['expert_success']:.3f}); "
+            f"{c['epochs']} epochs, RTC variants fine-tuned for the last {c['rtc_epochs']}; "
+            f"{c['rollouts']} rollouts per point, s = max(d, 1); success rate [95% Wilson].",
+            "",
+            rate_table(results),
+            "",
+            f"![RTC benchmark]({img_rel})",
+            DOC_END,
+        ]
+    )
 
 
 def write_docs(results: dict[str, Any], md_path: Path, img_path: Path) -> list[Path]:

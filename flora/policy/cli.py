@@ -58,8 +58,10 @@ def train(
     ),
     out: Path | None = typer.Option(None, "--out", help="Checkpoint dir (default <home>/policy)."),
     events: Path | None = typer.Option(
-        None, "--events", help="Captions table (Parquet file or table dir). Default: the "
-        "engine's captions/events table under <home>/outputs when it has captions."
+        None,
+        "--events",
+        help="Captions table (Parquet file or table dir). Default: the "
+        "engine's captions/events table under <home>/outputs when it has captions.",
     ),
     captions: bool = typer.Option(
         True, "--captions/--no-captions", help="Condition on curated captions when present."
@@ -92,10 +94,22 @@ def train(
     if not captions:
         events = None
     cfg = PolicyTrainConfig(
-        dataset=dataset or s.dataset, out=out or s.home / "policy", events=events,
-        epochs=epochs, rtc_epochs=rtc_epochs, horizon=horizon, max_delay=max_delay,
-        delay_dist=delay_dist, hidden=hidden, depth=depth, batch_size=batch_size, lr=lr,
-        image_features=image_features, mlflow=not no_mlflow, run_id=run_id, seed=seed,
+        dataset=dataset or s.dataset,
+        out=out or s.home / "policy",
+        events=events,
+        epochs=epochs,
+        rtc_epochs=rtc_epochs,
+        horizon=horizon,
+        max_delay=max_delay,
+        delay_dist=delay_dist,
+        hidden=hidden,
+        depth=depth,
+        batch_size=batch_size,
+        lr=lr,
+        image_features=image_features,
+        mlflow=not no_mlflow,
+        run_id=run_id,
+        seed=seed,
     )
     summary = train_policy(cfg)
     typer.echo(json.dumps(summary, indent=2))

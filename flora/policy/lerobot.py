@@ -142,12 +142,14 @@ def load_captions(path: str | Path) -> pd.DataFrame:
         raise FloraDataError(
             "events table needs episode_id or episode_index", file=path, field="episode_id"
         )
-    out = pd.DataFrame({
-        "key": key,
-        "start_us": df["start_us"].astype("int64"),
-        "end_us": df["end_us"].astype("int64"),
-        "caption": df["caption"].astype(str),
-    })
+    out = pd.DataFrame(
+        {
+            "key": key,
+            "start_us": df["start_us"].astype("int64"),
+            "end_us": df["end_us"].astype("int64"),
+            "caption": df["caption"].astype(str),
+        }
+    )
     # A row without caption text (e.g. a segmenter-only events table) conditions nothing.
     out = out[out.caption.str.strip() != ""].reset_index(drop=True)
     bad = out[(out.start_us < 0) | (out.end_us <= out.start_us)]
@@ -155,7 +157,9 @@ def load_captions(path: str | Path) -> pd.DataFrame:
         r = bad.iloc[0]
         raise FloraDataError(
             f"event [{r.start_us}, {r.end_us}) violates 0 <= start < end",
-            episode=r.key, file=path, field="start_us",
+            episode=r.key,
+            file=path,
+            field="start_us",
         )
     return out
 
@@ -204,16 +208,24 @@ def image_features(ep: Episode) -> np.ndarray:
     out = np.zeros((len(frames), 3 * THUMB * THUMB), dtype=np.float32)
     for i, fr in enumerate(frames):
         if fr is None:
-            raise FloraDataError("missing frame", dataset=ep.dataset, episode=ep.index,
-                                 field="main")
+            raise FloraDataError(
+                "missing frame", dataset=ep.dataset, episode=ep.index, field="main"
+            )
         img = fr.image.astype(np.float32) / 255.0
         h, w, _ = img.shape
         ys = np.linspace(0, h, THUMB + 1).astype(int)
         xs = np.linspace(0, w, THUMB + 1).astype(int)
-        thumb = np.stack([
-            np.stack([img[ys[a]:ys[a + 1], xs[b]:xs[b + 1]].mean(axis=(0, 1))
-                      for b in range(THUMB)]) for a in range(THUMB)
-        ])  # (8, 8, 3) area average
+        thumb = np.stack(
+            [
+                np.stack(
+                    [
+                        img[ys[a] : ys[a + 1], xs[b] : xs[b + 1]].mean(axis=(0, 1))
+                        for b in range(THUMB)
+                    ]
+                )
+                for a in range(THUMB)
+            ]
+        )  # (8, 8, 3) area average
         out[i] = thumb.transpose(2, 0, 1).reshape(-1) - 0.5
     return out
 
@@ -236,11 +248,14 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
             if st.ndim != 2 or ac.ndim != 2 or len(st) != len(ac) or len(ac) == 0:
                 raise FloraDataError(
                     f"state {st.shape} / action {ac.shape} are not aligned (N, D) arrays",
-                    dataset=ds.name, episode=int(i), field="action",
+                    dataset=ds.name,
+                    episode=int(i),
+                    field="action",
                 )
             if not (np.isfinite(st).all() and np.isfinite(ac).all()):
-                raise FloraDataError("non-finite state or action", dataset=ds.name,
-                                     episode=int(i), field="action")
+                raise FloraDataError(
+                    "non-finite state or action", dataset=ds.name, episode=int(i), field="action"
+                )
             texts, n_cap = step_texts(ep, captions)
             img = image_features(ep) if cfg.image_features else None
         except (FloraDataError, OSError, ValueError) as e:
@@ -253,8 +268,11 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
         raise FloraDataError(f"no usable episode ({reasons})", dataset=Path(cfg.dataset).name)
     dims = {(e["state"].shape[1], e["action"].shape[1]) for e in per_ep}
     if len(dims) != 1:
-        raise FloraDataError(f"episodes disagree on state/action sizes {sorted(dims)}",
-                             dataset=ds.name, field="action")
+        raise FloraDataError(
+            f"episodes disagree on state/action sizes {sorted(dims)}",
+            dataset=ds.name,
+            field="action",
+        )
     # Held-out episodes for a validation loss (none when there are too few episodes).
     g = np.random.default_rng(cfg.seed)
     order = g.permutation(len(per_ep))
@@ -264,8 +282,9 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
     st_all = np.concatenate([e["state"] for e in train_eps])
     ac_all = np.concatenate([e["action"] for e in train_eps])
     stats = {
-        "state_mean": st_all.mean(0).tolist(), "state_std": np.maximum(st_all.std(0), 1e-3)
-        .tolist(), "action_mean": ac_all.mean(0).tolist(),
+        "state_mean": st_all.mean(0).tolist(),
+        "state_std": np.maximum(st_all.std(0), 1e-3).tolist(),
+        "action_mean": ac_all.mean(0).tolist(),
         "action_std": np.maximum(ac_all.std(0), 1e-3).tolist(),
     }
 
@@ -303,8 +322,13 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
 
 
 @torch.no_grad()
-def validation_loss(model: DiTActionExpert, data: ChunkDataset, delays: rtc.DelayDistribution,
-                    seed: int = 0, batch: int = 512) -> float:
+def validation_loss(
+    model: DiTActionExpert,
+    data: ChunkDataset,
+    delays: rtc.DelayDistribution,
+    seed: int = 0,
+    batch: int = 512,
+) -> float:
     """Training-time RTC loss on held-out chunks with fixed noise/tau/delays."""
     g = torch.Generator().manual_seed(seed)
     dev = next(model.parameters()).device
@@ -328,10 +352,15 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     d_state = data.train.obs["state"].shape[1]
     d_act = data.train.chunks.shape[2]
     dit = DiTConfig(
-        action_dim=d_act, horizon=cfg.horizon, state_dim=d_state,
+        action_dim=d_act,
+        horizon=cfg.horizon,
+        state_dim=d_state,
         image_dim=3 * THUMB * THUMB if cfg.image_features else 0,
-        lang_vocab=cfg.lang_vocab, lang_max_tokens=cfg.lang_tokens,
-        hidden=cfg.hidden, depth=cfg.depth, heads=cfg.heads,
+        lang_vocab=cfg.lang_vocab,
+        lang_max_tokens=cfg.lang_tokens,
+        hidden=cfg.hidden,
+        depth=cfg.depth,
+        heads=cfg.heads,
     )
     if cfg.device is None:
         from flora.settings import get_settings
@@ -339,9 +368,14 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         device = get_settings().device
     else:
         device = cfg.device
-    tc = TrainConfig(total_epochs=cfg.epochs, batch_size=min(cfg.batch_size, len(data.train)),
-                     lr=cfg.lr, seed=cfg.seed, device=device,
-                     warmup_steps=max(1, min(200, len(data.train) // cfg.batch_size)))
+    tc = TrainConfig(
+        total_epochs=cfg.epochs,
+        batch_size=min(cfg.batch_size, len(data.train)),
+        lr=cfg.lr,
+        seed=cfg.seed,
+        device=device,
+        warmup_steps=max(1, min(200, len(data.train) // cfg.batch_size)),
+    )
     cfg.out.mkdir(parents=True, exist_ok=True)
     delays = cfg.delays()
     rtc_epochs = cfg.epochs if cfg.rtc_epochs is None else cfg.rtc_epochs
@@ -350,8 +384,7 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         "stats": data.stats,
         "dataset": str(cfg.dataset),
         "delays": list(delays.probs),
-        "train_config": {k: (str(v) if isinstance(v, Path) else v)
-                         for k, v in asdict(cfg).items()},
+        "train_config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
     }
     state = new_state(dit, tc)
     val_delays = delays
@@ -368,42 +401,77 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
 
         plain = cfg.epochs - rtc_epochs
         if plain:
-            train_epochs(state, data.train, plain, tc, desc="plain", progress=cfg.progress,
-                         on_epoch_end=on_epoch)
+            train_epochs(
+                state,
+                data.train,
+                plain,
+                tc,
+                desc="plain",
+                progress=cfg.progress,
+                on_epoch_end=on_epoch,
+            )
         if rtc_epochs:
-            train_epochs(state, data.train, rtc_epochs, tc, delays=delays, desc="rtc",
-                         progress=cfg.progress, on_epoch_end=on_epoch)
+            train_epochs(
+                state,
+                data.train,
+                rtc_epochs,
+                tc,
+                delays=delays,
+                desc="rtc",
+                progress=cfg.progress,
+                on_epoch_end=on_epoch,
+            )
         final = save_checkpoint(cfg.out / "policy.pt", state, extra)
-        summary.update({
-            "checkpoint": str(final),
-            "episodes": len(data.episodes),
-            "failures": [asdict(f) for f in data.failures],
-            "train_chunks": len(data.train),
-            "val_chunks": len(data.val) if data.val is not None else 0,
-            "caption_steps": data.caption_steps,
-            "final_loss": state.history[-1]["loss"] if state.history else None,
-            "final_val_loss": state.history[-1].get("val_loss") if state.history else None,
-            "parameters": sum(p.numel() for p in state.model.parameters()),
-            "seconds": time.time() - t0,
-        })
+        summary.update(
+            {
+                "checkpoint": str(final),
+                "episodes": len(data.episodes),
+                "failures": [asdict(f) for f in data.failures],
+                "train_chunks": len(data.train),
+                "val_chunks": len(data.val) if data.val is not None else 0,
+                "caption_steps": data.caption_steps,
+                "final_loss": state.history[-1]["loss"] if state.history else None,
+                "final_val_loss": state.history[-1].get("val_loss") if state.history else None,
+                "parameters": sum(p.numel() for p in state.model.parameters()),
+                "seconds": time.time() - t0,
+            }
+        )
 
     if cfg.mlflow:
         import mlflow
 
         from flora.tracking import mlflow_run
 
-        with mlflow_run("policy_train", {"flora.area": "policy"}, cfg.experiment,
-                        run_id=cfg.run_id) as active:
-            mlflow.log_params({f"policy.{k}": v for k, v in {
-                **dit.to_dict(), "epochs": cfg.epochs, "rtc_epochs": rtc_epochs,
-                "delay_dist": cfg.delay_dist, "max_delay": cfg.max_delay, "lr": cfg.lr,
-                "batch_size": tc.batch_size, "dataset": str(cfg.dataset),
-                "captions": str(cfg.events) if cfg.events else "task",
-            }.items()})
-            run(lambda rec, step: mlflow.log_metrics(
-                {f"policy.{k}": v for k, v in rec.items() if k != "epoch"}, step=step))
-            mlflow.log_metrics({"policy.failed_episodes": len(data.failures),
-                                "policy.caption_steps": data.caption_steps})
+        with mlflow_run(
+            "policy_train", {"flora.area": "policy"}, cfg.experiment, run_id=cfg.run_id
+        ) as active:
+            mlflow.log_params(
+                {
+                    f"policy.{k}": v
+                    for k, v in {
+                        **dit.to_dict(),
+                        "epochs": cfg.epochs,
+                        "rtc_epochs": rtc_epochs,
+                        "delay_dist": cfg.delay_dist,
+                        "max_delay": cfg.max_delay,
+                        "lr": cfg.lr,
+                        "batch_size": tc.batch_size,
+                        "dataset": str(cfg.dataset),
+                        "captions": str(cfg.events) if cfg.events else "task",
+                    }.items()
+                }
+            )
+            run(
+                lambda rec, step: mlflow.log_metrics(
+                    {f"policy.{k}": v for k, v in rec.items() if k != "epoch"}, step=step
+                )
+            )
+            mlflow.log_metrics(
+                {
+                    "policy.failed_episodes": len(data.failures),
+                    "policy.caption_steps": data.caption_steps,
+                }
+            )
             mlflow.log_artifact(summary["checkpoint"], artifact_path="policy")
             summary["run_id"] = active.info.run_id
     else:
@@ -421,11 +489,19 @@ class TrainedPolicy:
     stats: dict[str, list[float]]
     extra: dict[str, Any]
 
-    def chunk(self, state: np.ndarray, text: str, *, image: np.ndarray | None = None,
-              prefix: np.ndarray | None = None,
-              d: int = 0, s: int | None = None, steps: int = 5,
-              method: str = "training_time", generator: torch.Generator | None = None
-              ) -> np.ndarray:
+    def chunk(
+        self,
+        state: np.ndarray,
+        text: str,
+        *,
+        image: np.ndarray | None = None,
+        prefix: np.ndarray | None = None,
+        d: int = 0,
+        s: int | None = None,
+        steps: int = 5,
+        method: str = "training_time",
+        generator: torch.Generator | None = None,
+    ) -> np.ndarray:
         """One action chunk (H, A) in dataset units; ``prefix`` (L, A) in dataset units;
         ``image``: the :func:`image_features` row of the current frame, if trained with them."""
         cfg = self.model.config
@@ -442,9 +518,17 @@ class TrainedPolicy:
         p = None
         if prefix is not None and len(prefix):
             p = torch.from_numpy(((prefix - am) / asd).astype(np.float32))[None]
-        out = rtc.sample(self.model, obs, p, d if p is not None else 0, steps,
-                         method if p is not None else "plain", s=s,
-                         shape=(1, cfg.horizon, cfg.action_dim), generator=generator)
+        out = rtc.sample(
+            self.model,
+            obs,
+            p,
+            d if p is not None else 0,
+            steps,
+            method if p is not None else "plain",
+            s=s,
+            shape=(1, cfg.horizon, cfg.action_dim),
+            generator=generator,
+        )
         return out[0].numpy() * asd + am
 
 
@@ -485,11 +569,19 @@ def evaluate_policy(
     model, cfg = pol.model, pol.model.config
     tc = pol.extra.get("train_config", {})
     pcfg = PolicyTrainConfig(
-        dataset=Path(dataset), out=Path("."), horizon=cfg.horizon,
+        dataset=Path(dataset),
+        out=Path("."),
+        horizon=cfg.horizon,
         max_delay=max(1, min(int(tc.get("max_delay", 2)), cfg.horizon - 1)),
-        lang_vocab=cfg.lang_vocab, lang_tokens=cfg.lang_max_tokens,
-        image_features=cfg.image_dim > 0, episodes=episodes, val_fraction=0.0, seed=seed,
-        events=Path(events) if events is not None else None, mlflow=False, progress=False,
+        lang_vocab=cfg.lang_vocab,
+        lang_tokens=cfg.lang_max_tokens,
+        image_features=cfg.image_dim > 0,
+        episodes=episodes,
+        val_fraction=0.0,
+        seed=seed,
+        events=Path(events) if events is not None else None,
+        mlflow=False,
+        progress=False,
     )
     captions = load_captions(events) if events is not None else None
     data = build_data(pcfg, captions)
@@ -517,8 +609,9 @@ def evaluate_policy(
         noise = torch.randn(len(idx), H, A, generator=g)
         prefix = gt[:, : H - s]
         for m in EVAL_METHODS:
-            out = rtc.sample(model, obs, prefix, d, steps, m, s=s, shape=(len(idx), H, A),
-                             noise=noise)
+            out = rtc.sample(
+                model, obs, prefix, d, steps, m, s=s, shape=(len(idx), H, A), noise=noise
+            )
             mse = float(((out[:, d:] - gt[:, d:]) ** 2).mean())
             if d > 0:
                 jump = (out[:, d] - gt[:, d - 1]).abs().mean(-1)
@@ -535,8 +628,9 @@ def evaluate_policy(
         ts = []
         for _ in range(latency_repeats + 1):
             t0 = time.perf_counter()
-            rtc.sample(model, one, gt[:1, : H - max(d_l, 1)], d_l, steps, m, s=max(d_l, 1),
-                       shape=(1, H, A))
+            rtc.sample(
+                model, one, gt[:1, : H - max(d_l, 1)], d_l, steps, m, s=max(d_l, 1), shape=(1, H, A)
+            )
             ts.append((time.perf_counter() - t0) * 1000)
         lat[m] = float(np.median(ts[1:]))
     return {

@@ -178,8 +178,9 @@ class RTCRuntime:
                 action = self._chunk[self.H - 1]
             self._cv.notify_all()
             if self.clock.simulated and self._t >= self.s:
-                self._wait(lambda: self._error is not None or self._inflight is not None
-                           or self._stop)
+                self._wait(
+                    lambda: self._error is not None or self._inflight is not None or self._stop
+                )
             return action
 
     def run(self, step: Callable[[torch.Tensor], Any], obs: Any, n_steps: int) -> list[Any]:
@@ -281,8 +282,15 @@ def make_policy(
         p = prefix[None] if prefix.numel() else None
         meth = method if p is not None else "plain"
         out = rtc.sample(
-            model, obs, p, d if p is not None else 0, steps, meth,
-            s=min(s, horizon), shape=(1, horizon, action_dim), **sample_kwargs,
+            model,
+            obs,
+            p,
+            d if p is not None else 0,
+            steps,
+            meth,
+            s=min(s, horizon),
+            shape=(1, horizon, action_dim),
+            **sample_kwargs,
         )
         return out[0]
 

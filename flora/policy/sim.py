@@ -128,8 +128,17 @@ class PursuitEnv:
         texts = [_TEMPLATES[j].format(c=COLORS[i]) for j, i in pairs]
         z = torch.zeros(B, dtype=torch.bool)
         return PursuitState(
-            robot, balls, heading, obstacles, radii, target, texts,
-            torch.zeros(B, dtype=torch.long), z.clone(), z.clone(), z.clone(),
+            robot,
+            balls,
+            heading,
+            obstacles,
+            radii,
+            target,
+            texts,
+            torch.zeros(B, dtype=torch.long),
+            z.clone(),
+            z.clone(),
+            z.clone(),
         )
 
     def observe(self, st: PursuitState) -> torch.Tensor:
@@ -211,9 +220,12 @@ class PursuitExpert:
         assert self.side is not None
         p = st.robot
         tgt = st.balls[torch.arange(B), st.target]
-        tv = c.ball_speed * torch.stack(
-            [torch.cos(st.heading), torch.sin(st.heading)], dim=-1
-        )[torch.arange(B), st.target]
+        tv = (
+            c.ball_speed
+            * torch.stack([torch.cos(st.heading), torch.sin(st.heading)], dim=-1)[
+                torch.arange(B), st.target
+            ]
+        )
         lead = ((tgt - p).norm(dim=-1) / c.v_max).clamp(max=c.expert_lead_cap)
         aim = (tgt + tv * lead[:, None]).clamp(-0.95, 0.95)
         u = _unit(aim - p)

@@ -81,8 +81,9 @@ class TrainState:
     def clone(self) -> TrainState:
         """Deep copy (used to branch RTC fine-tuning off the epoch-24 plain run)."""
         model = copy.deepcopy(self.model)
-        opt = make_optimizer(model, self.optimizer.defaults["lr"], self.optimizer.defaults[
-            "weight_decay"])
+        opt = make_optimizer(
+            model, self.optimizer.defaults["lr"], self.optimizer.defaults["weight_decay"]
+        )
         opt.load_state_dict(copy.deepcopy(self.optimizer.state_dict()))
         return TrainState(model, opt, self.epoch, self.step, list(self.history))
 
@@ -145,9 +146,7 @@ def train_epochs(
                 chunk = chunk.to(dev, non_blocking=True)
             for group in opt.param_groups:
                 group["lr"] = lr_at(state.step, steps_per_epoch, train)
-            loss = training_loss(
-                model, obs, chunk, delays, generator=g, soft_overlap=soft_overlap
-            )
+            loss = training_loss(model, obs, chunk, delays, generator=g, soft_overlap=soft_overlap)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if train.grad_clip > 0:
@@ -159,8 +158,11 @@ def train_epochs(
             if progress and b % 20 == 0:
                 bar.set_postfix(loss=f"{total / count:.4f}")
         state.epoch += 1
-        rec = {"epoch": float(state.epoch), "loss": total / max(1, count),
-               "lr": opt.param_groups[0]["lr"]}
+        rec = {
+            "epoch": float(state.epoch),
+            "loss": total / max(1, count),
+            "lr": opt.param_groups[0]["lr"],
+        }
         state.history.append(rec)
         if on_epoch_end is not None:
             on_epoch_end(state, rec)
@@ -169,8 +171,9 @@ def train_epochs(
 
 
 # ------------------------------------------------------------------------ checkpoints
-def save_checkpoint(path: str | Path, state: TrainState, extra: dict[str, Any] | None = None
-                    ) -> Path:
+def save_checkpoint(
+    path: str | Path, state: TrainState, extra: dict[str, Any] | None = None
+) -> Path:
     """Write model weights, optimiser, config, epoch/step and ``extra`` metadata."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,8 +192,9 @@ def save_checkpoint(path: str | Path, state: TrainState, extra: dict[str, Any] |
     return path
 
 
-def load_checkpoint(path: str | Path, train: TrainConfig | None = None) -> tuple[
-        TrainState, dict[str, Any]]:
+def load_checkpoint(
+    path: str | Path, train: TrainConfig | None = None
+) -> tuple[TrainState, dict[str, Any]]:
     """Inverse of :func:`save_checkpoint`; returns the state and its ``extra`` dict."""
     blob = torch.load(Path(path), map_location="cpu", weights_only=False)
     model = DiTActionExpert(DiTConfig.from_dict(blob["config"]))

@@ -214,7 +214,8 @@ def score_probs_from_top_logprobs(
     i = score_position(token_logprobs, text)
     if i is None:
         return Rejection(
-            "outcome: no score token found among the generated tokens", text or "",
+            "outcome: no score token found among the generated tokens",
+            text or "",
             kind="validation",
         )
     at = token_logprobs[i]

@@ -41,9 +41,7 @@ def outcome_prompt(task: str, roles: Sequence[str], times_us: Sequence[int]) -> 
     )
 
 
-def dense_prompt(
-    task: str, roles: Sequence[str], window: DenseWindow, duration_us: int
-) -> str:
+def dense_prompt(task: str, roles: Sequence[str], window: DenseWindow, duration_us: int) -> str:
     """Dense mode: one 16 s window, 64 frames at 4 Hz, 32 groups of 0.5 s."""
     real = sum(1 for t in window.frame_times_us() if t < duration_us)
     tail = (

@@ -215,4 +215,3 @@ def parse_rubric(rubric: Rubric, text: str) -> dict[str, float] | Rejection:
     if missing:
         return Rejection(f"rubric: missing steps {missing}", text)
     return {n: got[n] for n in rubric.step_names}
-

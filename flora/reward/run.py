@@ -107,9 +107,7 @@ def _mosaics(episode: Episode, times_us: Sequence[int]) -> tuple[list[np.ndarray
     return [m.image for m in ms], roles
 
 
-def _camera_clips(
-    episode: Episode, times_us: Sequence[int]
-) -> list[tuple[str, list[np.ndarray]]]:
+def _camera_clips(episode: Episode, times_us: Sequence[int]) -> list[tuple[str, list[np.ndarray]]]:
     """One clip per camera (main first, then wrist, then others by key)."""
     from flora.data.frames import sample_frames
     from flora.data.mosaic import MOSAIC_ROLES

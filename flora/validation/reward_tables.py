@@ -60,8 +60,9 @@ def _outcome(gxe):
         gxe.ExpectColumnValuesToBeBetween(column="reward", min_value=0.0, max_value=1.0),
         gxe.ExpectColumnValuesToBeInSet(column="argmax_score", value_set=[1, 2, 3, 4, 5]),
         gxe.ExpectColumnValuesToBeInSet(column="_chk_n_probs", value_set=[5]),
-        *checks_hold(gxe, "_chk_probs_sum_1", "_chk_probs_nonneg", "_chk_expectation",
-                     "_chk_reward_eq19"),  # fmt: skip
+        *checks_hold(
+            gxe, "_chk_probs_sum_1", "_chk_probs_nonneg", "_chk_expectation", "_chk_reward_eq19"
+        ),  # fmt: skip
     ]
 
 

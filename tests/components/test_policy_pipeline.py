@@ -53,8 +53,9 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tmp_path)
     local.init(
         runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp_root")
     )
-    task = policy_rtc_pipeline(dataset_path=str(tiny_dataset), epochs=1, horizon=8,
-                               max_delay=3, hidden=16, depth=1)
+    task = policy_rtc_pipeline(
+        dataset_path=str(tiny_dataset), epochs=1, horizon=8, max_delay=3, hidden=16, depth=1
+    )
     assert task.output > 0  # training-time / plain latency ratio
 
     ckpts = list((tmp_path / "kfp_root").rglob("train-policy-op/checkpoint"))

@@ -41,8 +41,14 @@ def test_dag_run_trains_evaluates_and_logs(airflow_home, tiny_dataset, one_torch
 
     _, flora_home = airflow_home
     dag = DagBag(dag_folder=str(REPO / "dags")).get_dag("flora_policy_rtc")
-    conf = {"dataset": str(tiny_dataset), "epochs": 1, "horizon": 8, "max_delay": 3,
-            "hidden": 16, "depth": 1}
+    conf = {
+        "dataset": str(tiny_dataset),
+        "epochs": 1,
+        "horizon": 8,
+        "max_delay": 3,
+        "hidden": 16,
+        "depth": 1,
+    }
     dr = dag.test(run_conf=conf)
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert str(dr.state) in ("success", "DagRunState.SUCCESS"), states

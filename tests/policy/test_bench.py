@@ -160,12 +160,31 @@ def test_docs_section_is_replaced_in_place(tmp_path):
     md = tmp_path / "benchmarks.md"
     md.write_text("# Benchmarks\n\n## Other area\n\nkeep me\n")
     results = {
-        "config": {"horizon": 8, "denoise_steps": 5, "hidden": 64, "depth": 4, "epochs": 32,
-                   "rtc_epochs": 8, "rollouts": 10},
+        "config": {
+            "horizon": 8,
+            "denoise_steps": 5,
+            "hidden": 64,
+            "depth": 4,
+            "epochs": 32,
+            "rtc_epochs": 8,
+            "rollouts": 10,
+        },
         "demos": {"demo_episodes": 3, "demo_samples": 60, "expert_success": 1.0},
-        "points": [{"method": "training_time", "d": 0, "s": 1, "n": 10, "successes": 9,
-                    "rate": 0.9, "ci95": [0.6, 0.98]}],
-        "date": "2026-11-30", "machine": "test", "total_seconds": 60, "train_seconds": 30,
+        "points": [
+            {
+                "method": "training_time",
+                "d": 0,
+                "s": 1,
+                "n": 10,
+                "successes": 9,
+                "rate": 0.9,
+                "ci95": [0.6, 0.98],
+            }
+        ],
+        "date": "2026-11-30",
+        "machine": "test",
+        "total_seconds": 60,
+        "train_seconds": 30,
         "paper": {},
     }
     write_docs(results, md, tmp_path / "img" / "p.png")
@@ -197,8 +216,17 @@ def test_strategies_coincide_at_zero_delay():
     from flora.policy.configuration_dit import DiTConfig
     from flora.policy.modeling_dit import DiTActionExpert
 
-    model = DiTActionExpert(DiTConfig(action_dim=2, horizon=8, state_dim=env.cfg.state_dim,
-                                      lang_vocab=64, hidden=16, depth=1, heads=2))
+    model = DiTActionExpert(
+        DiTConfig(
+            action_dim=2,
+            horizon=8,
+            state_dim=env.cfg.state_dim,
+            lang_vocab=64,
+            hidden=16,
+            depth=1,
+            heads=2,
+        )
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))

@@ -31,14 +31,30 @@ def toy(tmp_path_factory):
     from flora.data.synth import generate
 
     root = tmp_path_factory.mktemp("toy") / "toy_world"
-    return generate(root, 4, 0, durations_s=[4.0, 5.0, 4.0, 6.0], image_size=32,
-                    wrist_size=32, progress=False)
+    return generate(
+        root, 4, 0, durations_s=[4.0, 5.0, 4.0, 6.0], image_size=32, wrist_size=32, progress=False
+    )
 
 
 def _cfg(toy, out, **kw):
-    base = dict(dataset=toy, out=out, horizon=8, epochs=2, rtc_epochs=1, max_delay=3,
-                hidden=16, depth=1, heads=2, lang_vocab=128, batch_size=64, lr=1e-3,
-                val_fraction=0.25, checkpoint_every=1, mlflow=False, progress=False)
+    base = dict(
+        dataset=toy,
+        out=out,
+        horizon=8,
+        epochs=2,
+        rtc_epochs=1,
+        max_delay=3,
+        hidden=16,
+        depth=1,
+        heads=2,
+        lang_vocab=128,
+        batch_size=64,
+        lr=1e-3,
+        val_fraction=0.25,
+        checkpoint_every=1,
+        mlflow=False,
+        progress=False,
+    )
     base.update(kw)
     return PolicyTrainConfig(**base)
 
@@ -64,16 +80,18 @@ def test_load_captions_rejects_bad_tables(tmp_path):
     pd.DataFrame({"episode_id": ["a/000000"], "start_us": [0], "end_us": [10]}).to_parquet(p)
     with pytest.raises(FloraDataError, match="caption"):
         load_captions(p)
-    pd.DataFrame({"episode_id": ["a"], "start_us": [5], "end_us": [5],
-                  "caption": ["x"]}).to_parquet(p)
+    pd.DataFrame(
+        {"episode_id": ["a"], "start_us": [5], "end_us": [5], "caption": ["x"]}
+    ).to_parquet(p)
     with pytest.raises(FloraDataError, match="start"):
         load_captions(p)
     with pytest.raises(FloraDataError, match="not found"):
         load_captions(tmp_path / "missing.parquet")
     d = tmp_path / "events"
     d.mkdir()
-    pd.DataFrame({"episode_id": ["a/000001"], "start_us": [0], "end_us": [10],
-                  "caption": ["grasp"]}).to_parquet(d / "a__000001.parquet")
+    pd.DataFrame(
+        {"episode_id": ["a/000001"], "start_us": [0], "end_us": [10], "caption": ["grasp"]}
+    ).to_parquet(d / "a__000001.parquet")
     (d / "_failures").mkdir()
     assert load_captions(d).key.tolist() == ["a/000001"]
 
@@ -93,8 +111,9 @@ def test_build_data_chunks_and_failures(toy, tmp_path):
 
 
 def test_image_features(toy, tmp_path):
-    data = build_data(_cfg(toy, tmp_path / "o", episodes=[0], image_features=True,
-                           val_fraction=0.0))
+    data = build_data(
+        _cfg(toy, tmp_path / "o", episodes=[0], image_features=True, val_fraction=0.0)
+    )
     img = data.train.obs["image"]
     assert img.shape == (80, 3 * 8 * 8)
     assert float(img.abs().max()) <= 0.5 and float(img.std()) > 0.01
@@ -106,8 +125,9 @@ def test_train_policy_with_mlflow_and_checkpoints(toy, tmp_path, monkeypatch):
     monkeypatch.setenv("FLORA_HOME", str(tmp_path / "home"))
     get_settings.cache_clear()
     try:
-        cfg = _cfg(toy, tmp_path / "out", events=toy / "ground_truth" / "events.parquet",
-                   mlflow=True)
+        cfg = _cfg(
+            toy, tmp_path / "out", events=toy / "ground_truth" / "events.parquet", mlflow=True
+        )
         summary = train_policy(cfg)
         import mlflow
 
@@ -138,11 +158,30 @@ def test_train_cli(toy, tmp_path):
     from flora.cli import app
 
     out = tmp_path / "cli"
-    res = CliRunner().invoke(app, [
-        "policy", "train", "--dataset", str(toy), "--out", str(out), "--epochs", "1",
-        "--hidden", "16", "--depth", "1", "--horizon", "8", "--max-delay", "3",
-        "--batch-size", "64", "--no-mlflow",
-    ])
+    res = CliRunner().invoke(
+        app,
+        [
+            "policy",
+            "train",
+            "--dataset",
+            str(toy),
+            "--out",
+            str(out),
+            "--epochs",
+            "1",
+            "--hidden",
+            "16",
+            "--depth",
+            "1",
+            "--horizon",
+            "8",
+            "--max-delay",
+            "3",
+            "--batch-size",
+            "64",
+            "--no-mlflow",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert (out / "policy.pt").exists()
     assert json.loads((out / "summary.json").read_text())["episodes"] == 4
@@ -165,13 +204,20 @@ def test_find_caption_table_prefers_tables_with_captions(tmp_path):
     (out / "captions").mkdir(parents=True)
     (out / "events").mkdir()
     # The segmenter's events table has empty captions; the captioner's table has none yet.
-    pd.DataFrame({"episode_id": ["d/000000"], "start_us": [0], "end_us": [10],
-                  "caption": [""]}).to_parquet(out / "events" / "d__000000.parquet")
-    pd.DataFrame({"episode_id": pd.Series([], dtype=str), "start_us": pd.Series([], dtype="int64"),
-                  "end_us": pd.Series([], dtype="int64"), "caption": pd.Series([], dtype=str)}
-                 ).to_parquet(out / "captions" / "d__000000.parquet")
+    pd.DataFrame(
+        {"episode_id": ["d/000000"], "start_us": [0], "end_us": [10], "caption": [""]}
+    ).to_parquet(out / "events" / "d__000000.parquet")
+    pd.DataFrame(
+        {
+            "episode_id": pd.Series([], dtype=str),
+            "start_us": pd.Series([], dtype="int64"),
+            "end_us": pd.Series([], dtype="int64"),
+            "caption": pd.Series([], dtype=str),
+        }
+    ).to_parquet(out / "captions" / "d__000000.parquet")
     assert find_caption_table(out) is None
     assert len(load_captions(out / "events")) == 0  # empty captions are dropped
-    pd.DataFrame({"episode_id": ["d/000000"], "start_us": [0], "end_us": [10],
-                  "caption": ["grasp the cup"]}).to_parquet(out / "captions" / "d__000001.parquet")
+    pd.DataFrame(
+        {"episode_id": ["d/000000"], "start_us": [0], "end_us": [10], "caption": ["grasp the cup"]}
+    ).to_parquet(out / "captions" / "d__000001.parquet")
     assert find_caption_table(out) == out / "captions"

@@ -11,8 +11,17 @@ from flora.policy.rtc import training_loss
 
 
 def _cfg(**kw) -> DiTConfig:
-    base = dict(action_dim=3, horizon=6, state_dim=5, image_dim=7, image_tokens=2,
-                lang_vocab=64, hidden=32, depth=2, heads=4)
+    base = dict(
+        action_dim=3,
+        horizon=6,
+        state_dim=5,
+        image_dim=7,
+        image_tokens=2,
+        lang_vocab=64,
+        hidden=32,
+        depth=2,
+        heads=4,
+    )
     base.update(kw)
     return DiTConfig(**base)
 
@@ -107,8 +116,9 @@ def test_observation_sources_all_matter():
 
 
 def test_precomputed_sentence_embedding_input():
-    cfg = DiTConfig(action_dim=2, horizon=4, state_dim=0, lang_emb_dim=384, hidden=16, heads=2,
-                    depth=1)
+    cfg = DiTConfig(
+        action_dim=2, horizon=4, state_dim=0, lang_emb_dim=384, hidden=16, heads=2, depth=1
+    )
     m = DiTActionExpert(cfg)
     _randomise(m)
     out = m({"lang_emb": torch.randn(3, 384)}, torch.randn(3, 4, 2), torch.rand(3, 4))
@@ -158,8 +168,9 @@ def test_shape_errors_are_clear():
 def test_expert_learns_a_conditional_flow():
     """A few hundred steps of training-time RTC on a two-task toy problem cut the loss."""
     torch.manual_seed(0)
-    cfg = DiTConfig(action_dim=2, horizon=6, state_dim=2, lang_vocab=32, hidden=32, depth=2,
-                    heads=2)
+    cfg = DiTConfig(
+        action_dim=2, horizon=6, state_dim=2, lang_vocab=32, hidden=32, depth=2, heads=2
+    )
     m = DiTActionExpert(cfg)
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
     n = 256
@@ -173,8 +184,7 @@ def test_expert_learns_a_conditional_flow():
     obs = {"state": state, "lang_ids": ids}
     losses = []
     for _ in range(150):
-        loss = training_loss(m, obs, chunks, torch.randint(0, 3, (n,), generator=g),
-                             generator=g)
+        loss = training_loss(m, obs, chunks, torch.randint(0, 3, (n,), generator=g), generator=g)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -171,16 +171,23 @@ def _design_weights(d: int, s: int, H: int, schedule: str) -> list[float]:
             out.append(1.0)
         elif i < H - s:
             c = (H - s - i) / (H - s - d + 1)
-            out.append({"exp": c * (math.exp(c) - 1) / (math.e - 1), "linear": c,
-                        "ones": 1.0, "zeros": 0.0}[schedule])
+            out.append(
+                {
+                    "exp": c * (math.exp(c) - 1) / (math.e - 1),
+                    "linear": c,
+                    "ones": 1.0,
+                    "zeros": 0.0,
+                }[schedule]
+            )
         else:
             out.append(0.0)
     return out
 
 
 @pytest.mark.parametrize("schedule", ["exp", "linear", "ones", "zeros"])
-@pytest.mark.parametrize(("d", "s", "H"), [(0, 1, 8), (2, 2, 8), (3, 4, 8), (4, 4, 8),
-                                           (1, 3, 10), (5, 5, 50)])
+@pytest.mark.parametrize(
+    ("d", "s", "H"), [(0, 1, 8), (2, 2, 8), (3, 4, 8), (4, 4, 8), (1, 3, 10), (5, 5, 50)]
+)
 def test_prefix_weights_match_design_formula(schedule, d, s, H):
     w = prefix_weights(d, s, H, schedule)
     assert w.shape == (H,)
@@ -278,8 +285,9 @@ class SmallMLP(torch.nn.Module):
     def __init__(self, seed: int = 0) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.w1 = torch.nn.Parameter(torch.randn(H * A + H, 32, generator=g, dtype=torch.float64)
-                                     / 4)
+        self.w1 = torch.nn.Parameter(
+            torch.randn(H * A + H, 32, generator=g, dtype=torch.float64) / 4
+        )
         self.w2 = torch.nn.Parameter(torch.randn(32, H * A, generator=g, dtype=torch.float64) / 6)
 
     def forward(self, obs, x, tau):
@@ -346,18 +354,28 @@ def test_inference_time_sampling_pulls_towards_previous_chunk():
 
     plain = sample(counted, obs, prev, d, 5, "plain", s=s, shape=(4, H, A), noise=noise)
     calls.clear()
-    guided = sample(counted, obs, prev, d, 5, "inference_time", s=s, shape=(4, H, A),
-                    noise=noise)
+    guided = sample(counted, obs, prev, d, 5, "inference_time", s=s, shape=(4, H, A), noise=noise)
     assert len(calls) == 5  # one forward (+ one VJP) per step
     err_plain = (plain[:, :d] - 1.5).abs().mean()
     err_guided = (guided[:, :d] - 1.5).abs().mean()
     assert err_guided < 0.5 * err_plain
     # "zeros" schedule: only the prefix is guided, so the far overlap is left freer.
     far = slice(d + 1, H - s)
-    g_exp = sample(model, obs, prev, d, 5, "inference_time", s=s, shape=(4, H, A), noise=noise,
-                   schedule="ones")
-    g_zero = sample(model, obs, prev, d, 5, "inference_time", s=s, shape=(4, H, A), noise=noise,
-                    schedule="zeros")
+    g_exp = sample(
+        model, obs, prev, d, 5, "inference_time", s=s, shape=(4, H, A), noise=noise, schedule="ones"
+    )
+    g_zero = sample(
+        model,
+        obs,
+        prev,
+        d,
+        5,
+        "inference_time",
+        s=s,
+        shape=(4, H, A),
+        noise=noise,
+        schedule="zeros",
+    )
     assert (g_exp[:, far] - 1.5).abs().mean() < (g_zero[:, far] - 1.5).abs().mean()
 
 
@@ -366,8 +384,18 @@ def test_soft_sampling_starts_overlap_at_intermediate_time():
     prefix = torch.randn(B, H - s, A)
     noise = torch.randn(B, H, A)
     rec = Recorder(const=0.0)
-    out = sample(rec, {}, prefix, d, steps, "training_time_soft", s=s, shape=(B, H, A),
-                 noise=noise, soft_strength=0.6)
+    out = sample(
+        rec,
+        {},
+        prefix,
+        d,
+        steps,
+        "training_time_soft",
+        s=s,
+        shape=(B, H, A),
+        noise=noise,
+        soft_strength=0.6,
+    )
     w = prefix_weights(d, s, H, "exp")
     base = torch.where(torch.arange(H) < d, torch.ones(H), 0.6 * w)
     assert len(rec.calls) == steps
@@ -382,5 +410,11 @@ def test_soft_sampling_starts_overlap_at_intermediate_time():
 
 
 def test_methods_listed():
-    assert set(rtc.METHODS) >= {"plain", "training_time", "inference_time", "naive_async",
-                                "synchronous", "training_time_soft"}
+    assert set(rtc.METHODS) >= {
+        "plain",
+        "training_time",
+        "inference_time",
+        "naive_async",
+        "synchronous",
+        "training_time_soft",
+    }

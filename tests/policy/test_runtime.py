@@ -47,8 +47,22 @@ def test_queue_and_delay_with_simulated_clock():
         rt.stop()
     # Chunk 0 from index 0; then every chunk runs indices 2, 3, 4 (d = 2, s = 3): during
     # each inference the previous chunk's next two actions (the committed prefix) run.
-    assert served == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4),
-                      (2, 2), (2, 3), (2, 4), (3, 2), (3, 3), (3, 4)]
+    assert served == [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (0, 4),
+        (1, 2),
+        (1, 3),
+        (1, 4),
+        (2, 2),
+        (2, 3),
+        (2, 4),
+        (3, 2),
+        (3, 3),
+        (3, 4),
+    ]
     assert rt.stats.delays[:3] == [2, 2, 2]
     # Each inference starts after s actions and gets the rest of the current chunk.
     first = pol.calls[1]

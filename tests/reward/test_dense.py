@@ -196,9 +196,14 @@ def _query_times(rng: random.Random, T: int, n: int) -> list[int]:
 
 def test_stitch_matches_bruteforce_on_random_episodes():
     rng = random.Random(22)
-    durations = [S, 16 * S, 16 * S + 1, 26 * S] + [
-        int(10 ** rng.uniform(6, 8.778)) for _ in range(36)  # 1 s .. 10 min
-    ] + [600 * S]
+    durations = (
+        [S, 16 * S, 16 * S + 1, 26 * S]
+        + [
+            int(10 ** rng.uniform(6, 8.778))
+            for _ in range(36)  # 1 s .. 10 min
+        ]
+        + [600 * S]
+    )
     for T in durations:
         ws = plan_windows(T)
         labels = [[rng.choice([1, 2, 3]) for _ in range(32)] for _ in ws]
@@ -254,8 +259,10 @@ def test_stitch_bad_labels_are_refused():
 def test_stitch_outputs_carries_reason_and_source():
     T = 20 * S
     ws = plan_windows(T)
-    gt = [(t, 1 if 11 * S <= t < 12 * S else 3, "drop" if 11 * S <= t < 12 * S else "")
-          for t in group_times(T)]
+    gt = [
+        (t, 1 if 11 * S <= t < 12 * S else 3, "drop" if 11 * S <= t < 12 * S else "")
+        for t in group_times(T)
+    ]
     outs = []
     for w in ws:
         labs, why = window_targets(w, T, gt)

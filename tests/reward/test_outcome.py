@@ -89,8 +89,15 @@ def _tokens(k: int, top: dict[str, float]) -> list[TokenLogprob]:
 
 
 def test_top_logprobs_all_present_and_variants_summed():
-    top = {" 4": math.log(0.5), "4": math.log(0.1), " 3": math.log(0.2), " 5": math.log(0.1),
-           " 1": math.log(0.05), " 2": math.log(0.05), " the": math.log(0.01)}
+    top = {
+        " 4": math.log(0.5),
+        "4": math.log(0.1),
+        " 3": math.log(0.2),
+        " 5": math.log(0.1),
+        " 1": math.log(0.05),
+        " 2": math.log(0.05),
+        " the": math.log(0.01),
+    }
     probs, missing = score_probs_from_top_logprobs(_tokens(4, top), "score: 4")
     assert missing == ()
     raw = np.array([0.05, 0.05, 0.2, 0.6, 0.1])
@@ -111,8 +118,7 @@ def test_top_logprobs_missing_scores_renormalise_present_ones():
 
 
 def test_top_logprobs_no_score_token_is_rejection():
-    toks = [TokenLogprob("score", 0.0, {}), TokenLogprob(":", 0.0, {}),
-            TokenLogprob(" 4", 0.0, {})]
+    toks = [TokenLogprob("score", 0.0, {}), TokenLogprob(":", 0.0, {}), TokenLogprob(" 4", 0.0, {})]
     # Only the chosen token is a score: fine (one present). Now make none present:
     toks[2] = TokenLogprob(" four", -0.1, {" four": -0.1, " many": -3.0})
     rej = score_probs_from_top_logprobs(toks, "score: four")

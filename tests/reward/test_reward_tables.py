@@ -17,8 +17,14 @@ def _outcome(i: int, probs, e=None, r=None, am=3):
 
     p = np.asarray(probs, dtype=float)
     e = float(np.dot(p, range(1, 6))) if e is None else e
-    return dict(C, episode_id=f"toy/{i:06d}", score_probs=list(probs), expected_score=e,
-                reward=(e - 1) / 4 if r is None else r, argmax_score=am)
+    return dict(
+        C,
+        episode_id=f"toy/{i:06d}",
+        score_probs=list(probs),
+        expected_score=e,
+        reward=(e - 1) / 4 if r is None else r,
+        argmax_score=am,
+    )
 
 
 def test_outcome_suite():
@@ -26,13 +32,15 @@ def test_outcome_suite():
         [_outcome(0, [0.1, 0.2, 0.4, 0.2, 0.1]), _outcome(1, [0, 0, 0, 0, 1], am=5)]
     )
     assert validate_table("outcome", good).success
-    bad = pd.DataFrame([
-        _outcome(0, [0.1, 0.2, 0.4, 0.2, 0.1]),
-        _outcome(1, [0.25, 0.25, 0.25, 0.25], e=2.5),  # four probabilities
-        _outcome(2, [0.5, 0.5, 0.5, 0.0, 0.0]),  # sum 1.5
-        _outcome(3, [0.1, 0.2, 0.4, 0.2, 0.1], r=0.9),  # reward not (E-1)/4
-        _outcome(4, [0.1, 0.2, 0.4, 0.2, 0.1], am=7),
-    ])
+    bad = pd.DataFrame(
+        [
+            _outcome(0, [0.1, 0.2, 0.4, 0.2, 0.1]),
+            _outcome(1, [0.25, 0.25, 0.25, 0.25], e=2.5),  # four probabilities
+            _outcome(2, [0.5, 0.5, 0.5, 0.0, 0.0]),  # sum 1.5
+            _outcome(3, [0.1, 0.2, 0.4, 0.2, 0.1], r=0.9),  # reward not (E-1)/4
+            _outcome(4, [0.1, 0.2, 0.4, 0.2, 0.1], am=7),
+        ]
+    )
     rep = validate_table("outcome", bad)
     assert not rep.success
     assert rep.failing_episodes == [f"toy/{i:06d}" for i in (1, 2, 3, 4)]
@@ -41,8 +49,9 @@ def test_outcome_suite():
 
 
 def _dense(i, t, lab, why, w=0, g=1):
-    return dict(C, episode_id=f"toy/{i:06d}", t_us=t, label=lab, reason=why,
-                source_window=w, source_group=g)
+    return dict(
+        C, episode_id=f"toy/{i:06d}", t_us=t, label=lab, reason=why, source_window=w, source_group=g
+    )
 
 
 def test_dense_suite():
@@ -61,14 +70,25 @@ def test_dense_suite():
     assert not validate_table("dense_labels", dup).success
 
 
-RUB = {"task": "t", "steps": [{"name": "a", "description": "", "allowed": [0, 0.5]},
-                              {"name": "b", "description": "", "allowed": [0, 0.25, 0.5]}]}
+RUB = {
+    "task": "t",
+    "steps": [
+        {"name": "a", "description": "", "allowed": [0, 0.5]},
+        {"name": "b", "description": "", "allowed": [0, 0.25, 0.5]},
+    ],
+}
 
 
 def _rubric(i, names, scores, total=None):
-    return dict(C, episode_id=f"toy/{i:06d}", task="t", rubric_json=json.dumps(RUB),
-                step_names=names, step_scores=scores,
-                total=sum(scores) if total is None else total)
+    return dict(
+        C,
+        episode_id=f"toy/{i:06d}",
+        task="t",
+        rubric_json=json.dumps(RUB),
+        step_names=names,
+        step_scores=scores,
+        total=sum(scores) if total is None else total,
+    )
 
 
 def test_rubric_suite():

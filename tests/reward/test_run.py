@@ -80,7 +80,10 @@ def test_steps_reproduce_ground_truth(tiny_dataset, tmp_path):
     dreqs = [r for r in be.requests if "|dense|" in r.request_id]
     # 6 s and 14 s: one window each; 26 s: two windows.
     assert sorted(r.request_id.split("|", 1)[0][-1] + r.request_id[-2:] for r in dreqs) == [
-        "0w0", "1w0", "2w0", "2w1"
+        "0w0",
+        "1w0",
+        "2w0",
+        "2w1",
     ]
     short = next(r for r in dreqs if r.request_id.startswith(_eid(tiny_dataset, 0)))
     assert len(short.images) == 64 and short.frame_times_us[-1] == 15_750_000
