@@ -10,6 +10,17 @@ import typer
 from flora.cli_common import echo_failures, parse_episodes, print_metrics
 
 
+def _check_neighbour_source(events: Path, dataset: Path) -> None:
+    """Refuse --neighbour-captions with a ground-truth events table (a usage error)."""
+    from flora.caption.run import load_events_table
+    from flora.data.episode import FloraDataError
+
+    try:
+        load_events_table(events, dataset.name, neighbour_captions=True)
+    except FloraDataError as e:
+        raise typer.BadParameter(e.reason, param_hint="--neighbour-captions") from None
+
+
 def register(app: typer.Typer, eval_app: typer.Typer) -> None:
     """Add the captioning commands to the root CLI."""
 
@@ -29,6 +40,12 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         oracle: bool = typer.Option(
             False, "--oracle", help="Answer from the dataset's ground truth (toy world check)."
         ),
+        neighbour_captions: bool = typer.Option(
+            False,
+            "--neighbour-captions",
+            help="Quote the neighbours' captions from a previous model pass in the prompt "
+            "(refused for ground-truth tables).",
+        ),
     ) -> None:
         """Caption every event of an events table (backend from FLORA_BACKEND)."""
         from flora.backends import make_backend
@@ -36,6 +53,8 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         from flora.settings import get_settings
 
         s = get_settings()
+        if neighbour_captions:
+            _check_neighbour_source(events, dataset)
         if oracle:
             from flora.caption.oracle import GroundTruthCaptionBackend
 
@@ -54,7 +73,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             out or s.outputs_dir,
             backend,
             run_id,
-            config=CaptionConfig(max_attempts=max_attempts),
+            config=CaptionConfig(max_attempts=max_attempts, neighbour_captions=neighbour_captions),
             episodes=parse_episodes(episodes),
             overwrite=overwrite,
         )

@@ -82,7 +82,9 @@ class CaptionConfig:
     max_new_tokens: int = 96
     temperature: float = 0.0
     max_attempts: int = 3
-    neighbour_captions: bool = True  # name a neighbour's caption in the prompt if it has one
+    # Off by default: the seed's context is the neighbouring *clips*. When on, captions come
+    # only from a previous model pass, never from ground truth (see load_events_table).
+    neighbour_captions: bool = False
     require_neighbour: bool = True  # DESIGN: context clips only next to a neighbour event
 
 
@@ -175,6 +177,26 @@ def parse_request_id(rid: str) -> tuple[str, int, int, int]:
     return eid, int(k), int(s), int(e)
 
 
+def _refuse_reference_events(events: Sequence[Any], episode: Episode) -> None:
+    """Neighbour captions may only come from events that name a non-reference model.
+
+    The same rule as :func:`load_events_table`, for callers (SFT/GRPO/eval set builders)
+    that pass events directly: ground-truth ``Event`` objects carry no ``model`` and are
+    refused, so no reference caption can reach a prompt through this path either.
+    """
+    for e in events:
+        model = str(getattr(e, "model", "") or "").strip().lower()
+        if not model or model in REFERENCE_MODELS:
+            raise FloraDataError(
+                "neighbour captions need events from a previous model pass; these carry "
+                f"no model or a reference model ({model or 'none'!r}) and would leak "
+                "reference captions into the prompt",
+                dataset=episode.dataset,
+                episode=episode.episode_id,
+                field="caption",
+            )
+
+
 def build_caption_requests(
     episode: Episode,
     events: Sequence[Any],
@@ -189,6 +211,8 @@ def build_caption_requests(
     """
     cfg = config or CaptionConfig()
     eid = episode.episode_id
+    if cfg.neighbour_captions:
+        _refuse_reference_events(events, episode)
     evs = [_as_event(e) for e in events]
     idx = list(event_indices) if event_indices is not None else list(range(len(evs)))
     if len(idx) != len(evs):
@@ -349,12 +373,43 @@ def caption_episode(
 # --------------------------------------------------------------------------- events input
 
 
-def load_events_table(events_table: str | Path | pd.DataFrame, dataset_name: str) -> pd.DataFrame:
+# ``model`` values that mark a table as reference annotations rather than a model pass.
+REFERENCE_MODELS = frozenset({"ground_truth", "ground-truth", "ground-truth-oracle", "gt", "human"})
+
+
+def is_reference_table(df: pd.DataFrame) -> bool:
+    """True when an events table's captions are reference (ground-truth) captions.
+
+    A table counts as a model pass only when every row names a model that is not a
+    reference source: the toy world's ``ground_truth/events.parquet`` has no ``model``
+    column at all, and the ground-truth oracle labels its rows ``ground-truth-oracle``.
+    """
+    if "model" not in df.columns or df.empty:
+        return "model" not in df.columns
+    models = df["model"].astype(str).str.strip().str.lower()
+    if (models == "").any() or models.isin(REFERENCE_MODELS).any():
+        return True
+    if "model_version" in df.columns:
+        return bool((df["model_version"].astype(str).str.lower() == "gt").any())
+    return False
+
+
+def load_events_table(
+    events_table: str | Path | pd.DataFrame,
+    dataset_name: str,
+    *,
+    neighbour_captions: bool = False,
+) -> pd.DataFrame:
     """Events to caption, as a DataFrame with ``episode_id``, ``event_index``, boundaries.
 
     Accepts a DataFrame, a Parquet file (the segmenter's part or the ground truth's
     ``events.parquet``, which has ``episode_index`` instead of ``episode_id``), a folder of
     parts (``<out>/events``) or a TableStore root holding ``events/``.
+
+    The ``caption`` column is blanked unless ``neighbour_captions``: an events table's
+    captions must never reach a prompt as neighbour context by accident (DESIGN §3.2).
+    With ``neighbour_captions`` a reference table (:func:`is_reference_table`) is refused
+    with a ``FloraDataError`` — quoting ground truth would let the model copy its answer.
     """
     if isinstance(events_table, pd.DataFrame):
         df = events_table.copy()
@@ -387,7 +442,16 @@ def load_events_table(events_table: str | Path | pd.DataFrame, dataset_name: str
                 field="episode_id",
             )
         df["episode_id"] = [make_episode_id(dataset_name, i) for i in df["episode_index"]]
-    if "caption" not in df.columns:
+    if neighbour_captions and is_reference_table(df):
+        raise FloraDataError(
+            "refusing neighbour captions from a ground-truth / reference events table: "
+            "they would leak reference answers into the prompts; use a previous model "
+            "pass's table (its rows name the model) or leave neighbour captions off",
+            dataset=dataset_name,
+            file=src,
+            field="caption",
+        )
+    if "caption" not in df.columns or not neighbour_captions:
         df["caption"] = ""
     if "event_index" not in df.columns:
         df = df.sort_values(["episode_id", "start_us", "end_us"], kind="stable")
@@ -443,7 +507,8 @@ def caption_dataset(
     from flora.data.dataset import open_dataset
 
     ds = open_dataset(dataset_path)
-    ev = load_events_table(events_table, ds.name)
+    cfg = config or CaptionConfig()
+    ev = load_events_table(events_table, ds.name, neighbour_captions=cfg.neighbour_captions)
     store = TableStore(out_dir)
     run_id = run_id or f"caption-{uuid.uuid4().hex[:12]}"
     groups = {
@@ -461,7 +526,7 @@ def caption_dataset(
             ds.episode(_episode_index(eid, ds.name)),
             list(g.itertuples(index=False)),
             backend,
-            config=config,
+            config=cfg,
             run_id=run_id,
             event_indices=[int(i) for i in g["event_index"]],
         )
@@ -494,4 +559,6 @@ __all__ = [
     "parse_request_id",
     "request_id",
     "load_events_table",
+    "is_reference_table",
+    "REFERENCE_MODELS",
 ]

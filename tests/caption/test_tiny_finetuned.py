@@ -57,7 +57,10 @@ def pairs(tiny_dataset, events) -> list[tuple[VLMRequest, str]]:
         event_indices=[int(i) for i in g["event_index"]],
     )
     assert not built.failures and len(built.requests) == len(g) >= 2
-    caps = dict(zip(g["event_index"].astype(int), g["caption"], strict=True))
+    # Targets from the reference table itself: load_events_table blanks captions so they
+    # can never reach a prompt; its event_index is the (start, end) order within the episode.
+    ref = events.sort_values(["start_us", "end_us"], kind="stable")["caption"].tolist()
+    caps = dict(enumerate(ref))
     return [
         (req, render_caption(caps[k]))
         for req, k in zip(built.requests, built.event_indices, strict=True)
@@ -104,8 +107,7 @@ def test_captions_table_validated_and_equal_to_model_output(
     for r in df.itertuples():
         (rid,) = [k for k in said if k.split("#event")[1].split("@")[0] == str(r.event_index)]
         assert r.caption == parse_caption(said[rid])  # what the model said, parsed
-    gt = load_events_table(events, open_dataset(tiny_dataset).name)
-    gt = gt.sort_values("event_index").reset_index(drop=True)
+    gt = events.sort_values(["start_us", "end_us"], kind="stable").reset_index(drop=True)
     assert list(df.caption) == [parse_caption(render_caption(c)) for c in gt.caption]
     assert list(zip(df.start_us, df.end_us, strict=True)) == list(
         zip(gt.start_us, gt.end_us, strict=True)
