@@ -1,0 +1,1 @@
+"""MLflow model registry: registration (``register.py``) with lineage tags and aliases."""
