@@ -17,10 +17,12 @@ Choices (see docs/dataset.md):
 from __future__ import annotations
 
 import json
+import math
 import re
+import string
 from collections import OrderedDict
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import numpy as np
 import pandas as pd
@@ -91,6 +93,44 @@ def timestamps_to_us(
             field="timestamp",
         )
     return us
+
+
+def meta_path(root: Path, template: str, *, field: str, **where_and_values) -> Path:
+    """``root / template.format(**values)`` for a path template read from metadata.
+
+    A template that does not format (unknown placeholder, bad format spec) or a result
+    that leaves the dataset root (absolute, drive-qualified or containing ``..``) is a
+    ``FloraDataError`` naming ``field``, never a KeyError/traceback or a file outside
+    ``root``. ``where_and_values`` holds ``dataset``/``episode``/``file`` (error location)
+    and the placeholder values. Lexical only: symlinks inside the root (the Hugging Face
+    cache lays datasets out as symlinks to blobs) are followed as usual.
+    """
+    where = {
+        k: where_and_values.pop(k) for k in ("dataset", "episode", "file") if k in where_and_values
+    }
+    if not isinstance(template, str):
+        raise FloraDataError(
+            f"path template must be a string, got {template!r}", field=field, **where
+        )
+    try:
+        rel = template.format(**where_and_values)
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
+        names = sorted(
+            {f for _, f, _, _ in string.Formatter().parse(template) if f} - set(where_and_values)
+        )
+        why = f"unknown placeholder(s) {names}" if names else f"{type(e).__name__}: {e}"
+        raise FloraDataError(
+            f"path template {template!r} does not format ({why}; "
+            f"known: {sorted(where_and_values)})",
+            field=field,
+            **where,
+        ) from e
+    pp, wp = PurePosixPath(rel), PureWindowsPath(rel)
+    if not rel or pp.is_absolute() or wp.drive or wp.root or ".." in pp.parts or ".." in wp.parts:
+        raise FloraDataError(
+            f"path from metadata leaves the dataset root: {rel!r}", field=field, **where
+        )
+    return root / rel
 
 
 def _vector_column(tbl: pa.Table, name: str, n: int, **where) -> np.ndarray:
@@ -191,6 +231,8 @@ class Dataset:
 
 class _LeRobotBase(Dataset):
     REQUIRED_INFO = ("codebase_version", "fps", "features", "data_path")
+    DATA_FIELDS: tuple[str, ...] = ()  # placeholders data_path / video_path may use
+    VIDEO_FIELDS: tuple[str, ...] = ()
 
     def __init__(self, root: Path, info: dict) -> None:
         super().__init__(root)
@@ -219,9 +261,12 @@ class _LeRobotBase(Dataset):
                 file=self.info_path,
                 field="fps",
             ) from e
-        if self._fps <= 0:
+        if not math.isfinite(self._fps) or self._fps <= 0:
             raise FloraDataError(
-                "fps must be positive", dataset=self.name, file=self.info_path, field="fps"
+                f"fps must be a positive finite number, got {info['fps']!r}",
+                dataset=self.name,
+                file=self.info_path,
+                field="fps",
             )
         self.info = info
         self.features: dict = info["features"]
@@ -236,6 +281,17 @@ class _LeRobotBase(Dataset):
                 field="video_path",
             )
         self.chunks_size = int(info.get("chunks_size", 1000))
+        # Templates are checked once here (dummy values), so a bad one is a dataset error.
+        for key, names in (("data_path", self.DATA_FIELDS), ("video_path", self.VIDEO_FIELDS)):
+            if key in info:
+                meta_path(
+                    root,
+                    info[key],
+                    field=key,
+                    dataset=self.name,
+                    file=self.info_path,
+                    **{n: "x" if n == "video_key" else 0 for n in names},
+                )
         self._tables: OrderedDict[Path, pa.Table] = OrderedDict()
 
     @property
@@ -268,7 +324,18 @@ class _LeRobotBase(Dataset):
 
     def _video_fps(self, key: str) -> float:
         vi = self.features[key].get("info") or {}
-        return float(vi.get("video.fps", self._fps))
+        try:
+            fps = float(vi.get("video.fps", self._fps))
+        except (TypeError, ValueError):
+            fps = math.nan
+        if not math.isfinite(fps) or fps <= 0:
+            raise FloraDataError(
+                f"video fps must be a positive finite number, got {vi.get('video.fps')!r}",
+                dataset=self.name,
+                file=self.info_path,
+                field=f"features.{key}.info.video.fps",
+            )
+        return fps
 
     def _read_table(self, path: Path, ep: int) -> pa.Table:
         """Parquet read with a small LRU (v3.0 data files hold several episodes)."""
@@ -333,6 +400,8 @@ class LeRobotV30Dataset(_LeRobotBase):
     """LeRobot v3.0: episodes concatenated in shared data and video files."""
 
     format = "lerobot_v3.0"
+    DATA_FIELDS = ("chunk_index", "file_index")
+    VIDEO_FIELDS = ("video_key", "chunk_index", "file_index")
 
     def __init__(self, root: Path, info: dict) -> None:
         super().__init__(root, info)
@@ -395,7 +464,16 @@ class LeRobotV30Dataset(_LeRobotBase):
     def _load(self, i: int) -> Episode:
         m = self.episodes_meta.loc[i]
         dc, df_ = int(m["data/chunk_index"]), int(m["data/file_index"])
-        path = self.root / self.info["data_path"].format(chunk_index=dc, file_index=df_)
+        path = meta_path(
+            self.root,
+            self.info["data_path"],
+            field="data_path",
+            dataset=self.name,
+            episode=i,
+            file=self.info_path,
+            chunk_index=dc,
+            file_index=df_,
+        )
         tbl = self._read_table(path, i)
         if "episode_index" not in tbl.column_names:
             raise FloraDataError(
@@ -418,8 +496,16 @@ class LeRobotV30Dataset(_LeRobotBase):
         roles = self.camera_roles
         for key in self._video_keys:
             vc, vf = int(m[f"videos/{key}/chunk_index"]), int(m[f"videos/{key}/file_index"])
-            vp = self.root / self.info["video_path"].format(
-                video_key=key, chunk_index=vc, file_index=vf
+            vp = meta_path(
+                self.root,
+                self.info["video_path"],
+                field="video_path",
+                dataset=self.name,
+                episode=i,
+                file=self.info_path,
+                video_key=key,
+                chunk_index=vc,
+                file_index=vf,
             )
             if not vp.exists():
                 raise FloraDataError(
@@ -444,6 +530,8 @@ class LeRobotV21Dataset(_LeRobotBase):
     """LeRobot v2.x: one parquet and one mp4 per episode, jsonl metadata."""
 
     format = "lerobot_v2.1"
+    DATA_FIELDS = ("episode_chunk", "episode_index")
+    VIDEO_FIELDS = ("episode_chunk", "video_key", "episode_index")
 
     def __init__(self, root: Path, info: dict) -> None:
         super().__init__(root, info)
@@ -483,7 +571,16 @@ class LeRobotV21Dataset(_LeRobotBase):
     def _load(self, i: int) -> Episode:
         m = self.episodes_meta[i]
         chunk = i // self.chunks_size
-        path = self.root / self.info["data_path"].format(episode_chunk=chunk, episode_index=i)
+        path = meta_path(
+            self.root,
+            self.info["data_path"],
+            field="data_path",
+            dataset=self.name,
+            episode=i,
+            file=self.info_path,
+            episode_chunk=chunk,
+            episode_index=i,
+        )
         rows = self._read_table(path, i)
         if "episode_index" in rows.column_names:
             rows = rows.filter(pc.equal(rows.column("episode_index"), i))
@@ -496,8 +593,16 @@ class LeRobotV21Dataset(_LeRobotBase):
         roles = self.camera_roles
         dur = int(round(length * 1e6 / self._fps))
         for key in self._video_keys:
-            vp = self.root / self.info["video_path"].format(
-                episode_chunk=chunk, video_key=key, episode_index=i
+            vp = meta_path(
+                self.root,
+                self.info["video_path"],
+                field="video_path",
+                dataset=self.name,
+                episode=i,
+                file=self.info_path,
+                episode_chunk=chunk,
+                video_key=key,
+                episode_index=i,
             )
             if not vp.exists():
                 raise FloraDataError(
@@ -650,7 +755,14 @@ def open_dataset(path: str | Path) -> Dataset:
     info_path = root / "meta" / "info.json"
     if info_path.exists():
         try:
-            info = json.loads(info_path.read_text())
+            info = json.loads(info_path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise FloraDataError(
+                f"meta/info.json is not UTF-8 ({e})",
+                dataset=root.name,
+                file=info_path,
+                field="info.json",
+            ) from e
         except json.JSONDecodeError as e:
             raise FloraDataError(
                 f"meta/info.json is not valid JSON ({e})", dataset=root.name, file=info_path
