@@ -6,10 +6,17 @@ this file only wires them together.
 
 from __future__ import annotations
 
-import typer
+import sys
 
-app = typer.Typer(help="Flora robot data engine.", no_args_is_help=True, add_completion=False)
-eval_app = typer.Typer(help="Score engine outputs against ground truth.", no_args_is_help=True)
+from flora.cli_common import EXIT_STATUS_HELP, FloraTyper, make_plain, plain_typer, run_app
+
+app = plain_typer(
+    typer_cls=FloraTyper,
+    help="Flora robot data engine.",
+    no_args_is_help=True,
+    epilog=EXIT_STATUS_HELP,
+)
+eval_app = plain_typer(help="Score engine outputs against ground truth.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 
 
@@ -36,6 +43,14 @@ def _register() -> None:
 
 
 _register()
+# Plain help and one-line errors for every area's sub-app, whoever created it.
+make_plain(app)
+
+
+def main() -> None:
+    """The ``flora`` entry point: one-line errors and the documented exit statuses."""
+    sys.exit(run_app(app, prog_name="flora"))
+
 
 if __name__ == "__main__":
-    app()
+    main()

@@ -1,28 +1,215 @@
-"""Small pieces shared by the areas' ``cli`` modules (options parsing, result printing)."""
+"""Pieces shared by the areas' ``cli`` modules: exit statuses, error mapping, reports.
+
+The exit-status rule (docs/cli.md, ``flora --help``) for every step command:
+
+- 0: every item good;
+- 3: some items failed but others were written (``--strict`` makes this 1);
+- 1: nothing usable (every item failed, no rows, a table that failed its suite) or a
+  data error (bad dataset, bad table);
+- 2: usage error (missing path, unknown choice, bad option).
+
+``run_app`` runs a typer app with click's standalone mode off and turns every error into
+one line on stderr with that status; tracebacks only with ``FLORA_DEBUG=1`` / ``--debug``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+import contextlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from pathlib import Path
+from typing import IO, Annotated, Any
 
 import typer
 
+# typer >= 0.24 vendors the click it runs on; its exceptions are not ``click``'s.
+from typer._click import exceptions as _click_exc
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # nothing usable, a data error, or an internal error
+EXIT_USAGE = 2
+EXIT_PARTIAL = 3  # some items failed, the others were written
+
+EXIT_STATUS_HELP = (
+    "\b\nExit status of step commands (segment, caption, reward, validate, eval, synth, "
+    "policy):\n"
+    "  0  every item good\n"
+    "  3  some items failed, the others were written (--strict: 1)\n"
+    "  1  nothing usable (every item failed, no rows, invalid table) or a data error\n"
+    "  2  usage error (missing path, unknown choice, bad option)\n"
+    "\b\n"
+    "--json - writes a command's report to stdout (human text goes to stderr);\n"
+    "--json PATH writes it to a file. FLORA_DEBUG=1 or --debug shows tracebacks.\n"
+    "See docs/cli.md."
+)
+
+
+# --------------------------------------------------------------------------- choices
+
+
+class Backend(StrEnum):
+    """VLM backend (overrides FLORA_BACKEND for one command)."""
+
+    kinematic = "kinematic"
+    transformers = "transformers"
+    openai = "openai"
+
+
+class Profile(StrEnum):
+    """Segmentation window profile (DESIGN 3.1)."""
+
+    standard = "standard"
+    long_horizon = "long_horizon"
+
+
+class RewardMode(StrEnum):
+    """Rewarder task."""
+
+    outcome = "outcome"
+    dense = "dense"
+    rubric = "rubric"
+
+
+# --------------------------------------------------------------------------- options
+
+JsonOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--json",
+        metavar="PATH|-",
+        help="Write the machine-readable report to PATH, or to stdout with '-' "
+        "(human text then goes to stderr).",
+    ),
+]
+StrictOpt = Annotated[
+    bool, typer.Option("--strict", help="Exit 1 instead of 3 when any item failed.")
+]
+
 
 def parse_episodes(spec: str | None) -> list[int] | None:
-    """``"0,2,5"`` -> ``[0, 2, 5]``; empty or None -> None (every episode)."""
-    return [int(x) for x in (spec or "").split(",") if x.strip()] or None
+    """``"0,2,5"`` -> ``[0, 2, 5]``; empty or None -> None (every episode).
+
+    Anything but comma-separated non-negative integers is a usage error.
+    """
+    out: list[int] = []
+    for x in (spec or "").split(","):
+        if not x.strip():
+            continue
+        try:
+            i = int(x)
+        except ValueError:
+            i = -1
+        if i < 0:
+            raise typer.BadParameter(
+                f"expected comma-separated episode indices, got {spec!r}", param_hint="--episodes"
+            )
+        out.append(i)
+    return out or None
 
 
-def echo_failures(failures: Iterable[Any]) -> None:
+def settings_with_backend(backend: Backend | None) -> Any:
+    """The process settings, with ``backend`` overriding FLORA_BACKEND when given."""
+    from flora.settings import get_settings
+
+    s = get_settings()
+    return s if backend is None else s.model_copy(update={"backend": backend.value})
+
+
+def make_backend_or_usage_error(settings: Any) -> Any:
+    """``flora.backends.make_backend`` with a configuration error turned into exit 2."""
+    from flora.backends import BackendError, make_backend
+
+    try:
+        return make_backend(settings)
+    except BackendError as e:
+        raise typer.BadParameter(str(e), param_hint="FLORA_BACKEND/--backend") from None
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, Path):
+        return str(o)
+    if isinstance(o, Enum):
+        return o.value
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if hasattr(o, "item"):  # numpy scalars
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "__dict__"):
+        return vars(o)
+    return str(o)
+
+
+def dumps(payload: Any) -> str:
+    """JSON text of a report (paths, enums, numpy values and dataclass-likes handled)."""
+    return json.dumps(payload, indent=1, default=_json_default, allow_nan=True)
+
+
+@dataclass
+class Report:
+    """Where a command's report goes: ``dest`` is None, ``"-"`` (stdout) or a path."""
+
+    dest: str | None
+    stdout: IO[str]
+
+    @property
+    def to_stdout(self) -> bool:
+        return self.dest == "-"
+
+    def emit(self, payload: Any) -> None:
+        """Write the report to stdout (``-``) or to the file; nothing when no ``--json``."""
+        if self.dest is None:
+            return
+        text = dumps(payload)
+        if self.to_stdout:
+            self.stdout.write(text + "\n")
+            self.stdout.flush()
+        else:
+            p = Path(self.dest)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text + "\n")
+            typer.echo(f"report written to {p}", err=True)
+
+
+@contextlib.contextmanager
+def report_output(dest: str | Path | None) -> Iterator[Report]:
+    """Run a command body; with ``dest == "-"`` everything it prints goes to stderr.
+
+    Redirecting ``sys.stdout`` (not only our own echo calls) keeps stdout clean of
+    whatever libraries print, so ``flora … --json - | jq`` always parses.
+    """
+    d = None if dest is None else str(dest)
+    real = sys.stdout
+    if d == "-":
+        with contextlib.redirect_stdout(sys.stderr):
+            yield Report(d, real)
+    else:
+        yield Report(d, real)
+
+
+def echo_failures(failures: Iterable[Any], limit: int = 20) -> None:
     """One ``failed: <episode> <item>: <reason>`` line per recorded failure, on stderr."""
-    for f in failures:
-        typer.echo(f"failed: {f.episode_id} {f.item}: {f.reason}", err=True)
+    fs = list(failures)
+    for f in fs[:limit]:
+        typer.echo(f"failed: {f.episode_id} {f.item}: {one_line(str(f.reason))}", err=True)
+    if len(fs) > limit:
+        typer.echo(f"failed: … {len(fs) - limit} more (see the table's _failures/)", err=True)
 
 
 def print_metrics(
     title: str, metrics: Mapping[str, Any], fmt: Callable[[Any], str] = "{:.4f}".format
 ) -> None:
-    """A two-column ``metric | value`` table on the console."""
+    """A two-column ``metric | value`` table on the console (stdout, or stderr under
+    ``--json -``)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -30,8 +217,209 @@ def print_metrics(
     t.add_column("metric")
     t.add_column("value", justify="right")
     for k, v in metrics.items():
-        t.add_row(k, fmt(v))
-    Console().print(t)
+        try:
+            t.add_row(k, fmt(v))
+        except (TypeError, ValueError):
+            t.add_row(k, str(v))
+    Console(file=sys.stdout).print(t)
 
 
-__all__ = ["echo_failures", "parse_episodes", "print_metrics"]
+# --------------------------------------------------------------------------- exit status
+
+
+def step_exit_code(*, rows: int, failed: int, strict: bool = False, valid: bool = True) -> int:
+    """The documented exit status of a step that writes rows and records item failures.
+
+    ``rows``: items written (rows of the table after the run); ``failed``: recorded item
+    failures; ``valid``: whether the table passed its suite.
+    """
+    if not valid or rows <= 0:
+        return EXIT_FAILED
+    if failed == 0:
+        return EXIT_OK
+    return EXIT_FAILED if strict else EXIT_PARTIAL
+
+
+def status_line(code: int, *, rows: int, failed: int, valid: bool = True) -> str:
+    """A human sentence that explains ``code`` (printed on stderr by ``finish_step``)."""
+    if not valid:
+        why = "the table failed its suite"
+    elif rows <= 0:
+        why = f"nothing usable: no rows written, {failed} item(s) failed"
+    elif failed:
+        why = f"{failed} item(s) failed, {rows} row(s) written"
+    else:
+        why = f"{rows} row(s) written, no failures"
+    hint = " (--strict makes this 1)" if code == EXIT_PARTIAL else ""
+    return f"exit {code}: {why}{hint}"
+
+
+def finish_step(
+    report: Report,
+    payload: Mapping[str, Any],
+    *,
+    rows: int,
+    failed: int,
+    strict: bool = False,
+    valid: bool = True,
+) -> None:
+    """Emit the report (with ``exit_code``) and leave with the documented status."""
+    code = step_exit_code(rows=rows, failed=failed, strict=strict, valid=valid)
+    report.emit({**payload, "exit_code": code})
+    typer.echo(status_line(code, rows=rows, failed=failed, valid=valid), err=True)
+    raise typer.Exit(code)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """Collapse whitespace/newlines so an error is one grep-able line."""
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def _data_error_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "bad input data" (exit 1), imported lazily."""
+    types: list[type[BaseException]] = []
+    for mod, name in (
+        ("flora.data.episode", "FloraDataError"),
+        ("flora.contract", "ContractError"),
+        ("flora.reward.rubric", "RubricError"),
+        ("flora.reward.outcome", "ScoreProbsError"),
+        ("flora.reward.dense", "DenseError"),
+    ):
+        with contextlib.suppress(Exception):
+            types.append(getattr(__import__(mod, fromlist=[name]), name))
+    return tuple(types)
+
+
+def _command_path(cmd: Any, args: Sequence[str], prog_name: str) -> str:
+    """``flora reward outcome`` from the argv (best effort, for error lines)."""
+    parts = [prog_name]
+    cur = cmd
+    for a in args:
+        commands = getattr(cur, "commands", None)
+        if a.startswith("-") or not isinstance(commands, dict):
+            break
+        nxt = commands.get(a)
+        if nxt is None:
+            break
+        parts.append(a)
+        cur = nxt
+    return " ".join(parts)
+
+
+def debug_enabled() -> bool:
+    """True when ``FLORA_DEBUG`` is set to a true value."""
+    return os.environ.get("FLORA_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def run_app(app: typer.Typer, args: Sequence[str] | None = None, prog_name: str = "flora") -> int:
+    """Run ``app`` and return the process exit status (see the module docstring).
+
+    ``--debug`` anywhere in ``args`` is removed and enables tracebacks like FLORA_DEBUG=1.
+    """
+    argv = list(sys.argv[1:] if args is None else args)
+    debug = debug_enabled() or "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    cmd = typer.main.get_command(app)
+    where = _command_path(cmd, argv, prog_name)
+
+    def say(msg: str) -> None:
+        sys.stdout.flush()
+        print(one_line(msg), file=sys.stderr, flush=True)
+
+    try:
+        rv = cmd.main(args=argv, prog_name=prog_name, standalone_mode=False)
+    except _click_exc.NoArgsIsHelpError as e:
+        # A bare group: its help, as click prints it, then the usage status.
+        print(e.ctx.get_help() if e.ctx else e.format_message(), file=sys.stderr)
+        return EXIT_USAGE
+    except _click_exc.UsageError as e:  # BadParameter, NoSuchOption, MissingParameter, ...
+        path = e.ctx.command_path if e.ctx is not None else where
+        say(f"{path}: error: {e.format_message()} (see '{path} --help')")
+        return EXIT_USAGE
+    except _click_exc.ClickException as e:  # FileError and friends
+        say(f"{where}: error: {e.format_message()}")
+        return e.exit_code
+    except typer.Abort:
+        say(f"{where}: aborted")
+        return 130
+    except KeyboardInterrupt:
+        say(f"{where}: interrupted")
+        return 130
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        if isinstance(e, _data_error_types()):
+            say(f"{where}: data error: {e}")
+            return EXIT_FAILED
+        if type(e).__name__ == "ValidationError" and getattr(e, "title", "") == "FloraSettings":
+            say(f"{where}: error: bad FLORA_* setting: {e}")
+            return EXIT_USAGE
+        if isinstance(e, OSError):
+            say(f"{where}: error: {e}")
+            return EXIT_FAILED
+        hint = "" if debug else " (FLORA_DEBUG=1 or --debug shows the traceback)"
+        say(f"{where}: internal error: {type(e).__name__}: {e}{hint}")
+        return EXIT_FAILED
+    if isinstance(rv, int) and not isinstance(rv, bool):
+        return rv
+    return EXIT_OK
+
+
+def plain_typer(typer_cls: type[typer.Typer] = typer.Typer, **kwargs: Any) -> typer.Typer:
+    """A ``typer.Typer`` with plain help and errors (no rich boxes, no pretty tracebacks)."""
+    kwargs.setdefault("rich_markup_mode", None)
+    kwargs.setdefault("pretty_exceptions_enable", False)
+    kwargs.setdefault("add_completion", False)
+    return typer_cls(**kwargs)
+
+
+class FloraTyper(typer.Typer):
+    """The root app: calling it runs ``run_app`` (so an installed ``flora.cli:app`` script
+    gets the same one-line errors and exit statuses as ``flora.cli:main``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return run_app(self, prog_name="flora")
+
+
+def make_plain(app: typer.Typer) -> None:
+    """Make ``app`` and every sub-app registered on it plain (see ``plain_typer``)."""
+    app.rich_markup_mode = None
+    app.pretty_exceptions_enable = False
+    for g in app.registered_groups:
+        if g.typer_instance is not None:
+            make_plain(g.typer_instance)
+
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_PARTIAL",
+    "EXIT_STATUS_HELP",
+    "EXIT_USAGE",
+    "Backend",
+    "FloraTyper",
+    "JsonOpt",
+    "Profile",
+    "Report",
+    "RewardMode",
+    "StrictOpt",
+    "debug_enabled",
+    "dumps",
+    "echo_failures",
+    "finish_step",
+    "make_backend_or_usage_error",
+    "make_plain",
+    "one_line",
+    "parse_episodes",
+    "plain_typer",
+    "print_metrics",
+    "report_output",
+    "run_app",
+    "settings_with_backend",
+    "status_line",
+    "step_exit_code",
+]
