@@ -2,10 +2,16 @@
 
 Each caption row is matched to a ground-truth event of the same episode: exact
 boundaries first, else the event with the highest tIoU if it is >= ``min_tiou`` (the
-captioner may run on segmenter events whose boundaries differ slightly). Unmatched rows
-are counted, not scored — r_cap scores the captioner, not the segmenter. Each matched
+captioner may run on segmenter events whose boundaries differ slightly). Each matched
 caption is judged against that event's requirements; a judge rejection (LLM judge whose
-answers kept failing its grammar) is counted and not scored either.
+answers kept failing its grammar) is counted.
+
+Two means are reported. The headline ``r_cap_all`` is over **every reference event** of
+the evaluated episodes: an event with no scored caption (the captioner failed, the row
+did not match, the judge rejected it) counts 0, so a captioner cannot look good by
+answering only the easy events. ``r_cap_mean`` is the matched-only mean (what a scored
+caption is worth) and ``coverage`` the fraction of reference events with a scored caption;
+``r_cap_all`` ≈ ``coverage × r_cap_mean`` (exactly, when no two rows match one event).
 
 ``ground_truth_control`` is the judge's sanity check on the toy world: the ground-truth
 captions scored against their own requirements (should be near 1) and the same captions
@@ -39,7 +45,13 @@ class CaptionEval:
 
     @property
     def mean_r_cap(self) -> float:
+        """Matched-only mean r_cap (scored captions only)."""
         return float(self.metrics.get("r_cap_mean", float("nan")))
+
+    @property
+    def r_cap_all(self) -> float:
+        """Headline: mean r_cap over every reference event, a missing caption scoring 0."""
+        return float(self.metrics.get("r_cap_all", float("nan")))
 
 
 def load_captions(captions: str | Path | pd.DataFrame) -> pd.DataFrame:
@@ -90,14 +102,39 @@ def _summarise(scores: list[CapScore], families: list[list[str]]) -> dict[str, f
     return out
 
 
+def _reference_best(
+    gt: Any, episodes: list[int], rows: list[dict[str, Any]]
+) -> tuple[int, dict[tuple[int, int, int], float]]:
+    """Number of reference events and, per event with a scored caption, its r_cap.
+
+    A reference event is keyed by (episode, start, end); when several caption rows match
+    one event, the one with the highest tIoU counts (then the higher score), never their sum.
+    """
+    keys = {(i, e.start_us, e.end_us) for i in episodes for e in gt.events(i)}
+    best: dict[tuple[int, int, int], tuple[float, float]] = {}
+    for r in rows:
+        ev = (r["episode_index"], r["gt_start_us"], r["gt_end_us"])
+        if ev not in keys:
+            continue
+        cand = (float(r["tiou"]), float(r["r_cap"]))
+        if ev not in best or cand > best[ev]:
+            best[ev] = cand
+    return len(keys), {k: v[1] for k, v in best.items()}
+
+
 def evaluate_captions(
     captions: str | Path | pd.DataFrame,
     dataset_root: str | Path,
     judge: Judge | None = None,
     *,
     min_tiou: float = 0.5,
+    episodes: list[int] | None = None,
 ) -> CaptionEval:
-    """Score every caption row against the matching ground-truth event's requirements."""
+    """Score every caption row against the matching ground-truth event's requirements.
+
+    ``episodes`` names the reference episodes of the all-events mean (default: every
+    episode of the ground truth — an episode the captioner never wrote counts 0 too).
+    """
     from flora.caption.judges import EmbeddingJudge
     from flora.data.ground_truth import load_ground_truth
 
@@ -137,6 +174,8 @@ def evaluate_captions(
                 "end_us": span[1],
                 "caption": str(row.caption),
                 "gt_caption": best.caption,
+                "gt_start_us": best.start_us,
+                "gt_end_us": best.end_us,
                 "tiou": best_iou,
             }
         )
@@ -159,6 +198,14 @@ def evaluate_captions(
             }
         )
     metrics = _summarise(ok_scores, ok_fams)
+    ref_eps = sorted(have) if episodes is None else [int(i) for i in episodes]
+    n_ref, best = _reference_best(gt, ref_eps, rows)
+    metrics = {
+        "r_cap_all": float(sum(best.values()) / n_ref) if n_ref else float("nan"),
+        "coverage": float(len(best) / n_ref) if n_ref else float("nan"),
+        "n_reference_events": float(n_ref),
+        **metrics,
+    }
     metrics.update(
         {"n_scored": float(len(rows)), "n_unmatched": float(unmatched), "n_rejected": rejected}
     )
