@@ -83,3 +83,46 @@ def test_parse_rejections(text, reason):
     out = parse_judgment(text, 3)
     assert isinstance(out, Rejection), out
     assert reason in out.reason
+
+
+class _KeywordJudgeBackend:
+    """A backend that really answers: covered = requirements whose text is in the caption.
+
+    Each answer depends on its own prompt only, so a verdict assigned to the wrong caption
+    shows up as a wrong ``covered`` set.
+    """
+
+    name = "keyword-judge"
+    model_version = "1"
+
+    def generate(self, requests):
+        from flora.backends.base import VLMResponse
+
+        out = []
+        for req in requests:
+            lines = req.prompt.splitlines()
+            caption = next(x for x in lines if x.startswith("Caption: ")).removeprefix("Caption: ")
+            reqs = [x for x in lines if x[:1].isdigit() and ". [" in x]
+            covered = [k for k, x in enumerate(reqs) if x.split("] ", 1)[1] in caption]
+            out.append(VLMResponse(text=json.dumps({"covered": covered, "errors": []})))
+        return out
+
+
+def test_judge_batch_assigns_each_verdict_to_its_own_caption():
+    from flora.caption.judges import LLMJudge
+
+    two = REQS[:2]
+    one = [Requirement("action", "lift")]
+    # mixed requirement counts: the judge groups requests by count, then must put every
+    # answer back in input order
+    items = [
+        ("grasp the red block.", REQS),  # covers 0, 1
+        ("lift it.", one),  # covers 0
+        ("push the red block.", two),  # covers 1
+        ("grasp it.", REQS),  # covers 0
+        ("wave.", one),  # covers nothing
+        ("grasp the red block and miss the object.", REQS),  # covers 0, 1, 2
+    ]
+    got = LLMJudge(_KeywordJudgeBackend()).judge_batch(items)
+    assert all(isinstance(j, Judgment) for j in got)
+    assert [j.covered for j in got] == [(0, 1), (0,), (1,), (0,), (), (0, 1, 2)]

@@ -25,6 +25,13 @@ def test_dense_accuracy_and_failure_recall():
     assert math.isnan(failure_recall([1, 3], [3, 3]))  # no reference failure: undefined
 
 
+def test_failure_recall_does_not_count_suboptimal_as_a_hit():
+    # a reference failure predicted as "suboptimal" (2) is missed, not found
+    assert failure_recall([2, 2, 1], [1, 1, 1]) == pytest.approx(1 / 3)
+    assert failure_recall([2, 2], [1, 1]) == 0.0
+    assert failure_recall([1, 1], [2, 2], level=2) == 0.0
+
+
 def test_rubric_l1():
     ref = {"a": 0.5, "b": 0.25, "c": 0.25}
     assert rubric_l1({"a": 0.5, "b": 0.0, "c": 0.25}, ref) == pytest.approx(0.25)
