@@ -154,12 +154,10 @@ def test_timeouts_and_500s_retried_then_success(tiny_model, tmp_path):
         client = OpenAIBackend(
             server.url, timeout_s=1.0, max_retries=3, max_concurrency=1, backoff_s=0.01
         )
-        t0 = time.monotonic()
         (resp,) = client.generate(_reqs()[2:3])
         assert resp.ok, resp.error
         assert resp.text and len(resp.logprobs) >= 1
         assert client.attempts == 4
-        assert time.monotonic() - t0 >= 1.0  # the first attempt waited out its timeout
         # #0 (abandoned by the client) also answers 500 once its sleep ends.
         deadline = time.monotonic() + 10
         while server.health()["injected_failures"] < 3 and time.monotonic() < deadline:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 
 import pytest
 import torch
@@ -27,13 +26,11 @@ def _digests(d):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
 
 
-def test_build_is_fast_and_deterministic(tmp_path):
-    a = build_tiny_vlm(tmp_path / "a", seed=0)  # first build also pays module imports
-    t0 = time.perf_counter()
+def test_build_is_deterministic(tmp_path):
+    # Build time is a benchmark figure (docs/benchmarks.md), not a test assertion.
+    a = build_tiny_vlm(tmp_path / "a", seed=0)
     b = build_tiny_vlm(tmp_path / "b", seed=0)
-    elapsed = time.perf_counter() - t0
     c = build_tiny_vlm(tmp_path / "c", seed=1)
-    assert elapsed < 10.0, f"tiny model build took {elapsed:.1f}s"
     da, db, dc = _digests(a), _digests(b), _digests(c)
     assert da == db  # same seed: byte-identical checkpoint
     assert da["model.safetensors"] != dc["model.safetensors"]

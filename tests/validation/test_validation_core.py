@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pandas as pd
 import pytest
@@ -120,11 +119,15 @@ def test_unknown_table_is_a_clear_error():
         get_suite("nope")
 
 
-def test_cached_context_makes_repeat_validation_cheap():
+def test_repeat_validation_reuses_one_gx_context(monkeypatch):
+    """The GX context is built once per process (its cost is measured in benchmarks/)."""
+    import great_expectations as gx
+
     df = _table(5, 50)
-    validate_table("_test_events", df)  # warm (imports GX once per process)
-    t0 = time.perf_counter()
+    validate_table("_test_events", df)  # warm: builds the process-wide context
+    built: list[object] = []
+    real = gx.get_context
+    monkeypatch.setattr(gx, "get_context", lambda *a, **k: built.append(1) or real(*a, **k))
     for _ in range(3):
-        validate_table("_test_events", df)
-    per_call = (time.perf_counter() - t0) / 3
-    assert per_call < 1.0, f"validation took {per_call:.2f}s per call; GX context not cached?"
+        assert validate_table("_test_events", df).success
+    assert built == []
