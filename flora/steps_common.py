@@ -34,7 +34,9 @@ def run_episodes(
     """Run ``step`` on each episode id, write its rows and record its failures.
 
     A ``FloraDataError`` raised by ``step`` (the episode cannot be read) is recorded as a
-    failure of item ``episode`` and nothing is written for it. Returns the processed ids
+    failure of item ``episode`` and nothing is written for it. Rows and failures are
+    committed together (:meth:`TableStore.commit`), so an interrupted run redoes the
+    episode. Returns the processed ids
     in order.
     """
     processed: list[str] = []
@@ -46,8 +48,8 @@ def run_episodes(
             store.record_failures(table, eid, [Failure(table, eid, "episode", str(e))])
             processed.append(eid)
             continue
-        store.write(table, eid, rows)
-        store.record_failures(table, eid, failures)
+        # One commit: a crash between the part and its failure record redoes the episode.
+        store.commit(table, eid, rows, failures)
         processed.append(eid)
         bar.set_postfix(**counts)
     return processed

@@ -1,28 +1,66 @@
 """Engine tables on disk: one Parquet part per episode, resumable, with recorded failures.
 
-Layout under ``root/<table>/``: ``<episode_key>.parquet`` per finished episode and
-``_failures/<episode_key>.json`` per failed item. A rerun skips finished episodes
-(no duplicates) and retries failed ones. Every table carries the common columns
-``episode_id, dataset, model, model_version, run_id`` (DESIGN §3).
+Layout under ``root/<table>/``:
+
+- ``<part_key>.parquet`` per finished episode, ``part_key = <slug>~<hash>`` (readable slug
+  of the episode id plus 16 hex digits of its SHA-256, so two ids never share a part);
+- ``_failures/<part_key>.json`` per episode with failed items;
+- ``_pending/<part_key>`` while an episode's part is written but its failures are not yet
+  recorded (a crash in between leaves it, and the next run redoes the episode);
+- ``_quarantine/`` for records that could not be read (moved aside, never deleted);
+- ``_layout.json`` once the table uses these part names (older tables are migrated).
+
+A rerun skips finished episodes (no duplicates) and retries failed or interrupted ones.
+Every table carries the common columns ``episode_id, dataset, model, model_version,
+run_id`` (DESIGN §3). Design notes: ``docs/reliability.md``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+log = logging.getLogger(__name__)
+
 COMMON_COLUMNS = ("episode_id", "dataset", "model", "model_version", "run_id")
 
+#: Part-name scheme recorded in ``_layout.json``; tables without it are migrated once.
+LAYOUT_FILE = "_layout.json"
+LAYOUT = {"part_names": "slug~sha256[:16]", "version": 2}
+FAILURES_DIR = "_failures"
+PENDING_DIR = "_pending"
+QUARANTINE_DIR = "_quarantine"
+_SLUG_MAX = 80
+_HASH_HEX = 16  # 64 bits: a collision among a million episode ids has odds ~3e-8
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
-def _key(episode_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "__", episode_id)
+
+def _legacy_key(episode_id: str) -> str:
+    """The part name of tables written before ``_layout.json`` (not injective)."""
+    return _UNSAFE.sub("__", episode_id)
+
+
+def part_key(episode_id: str) -> str:
+    """File stem of an episode's part and failure record: ``<slug>~<sha256[:16]>``.
+
+    The slug keeps the id readable (the old name, trimmed); the hash of the full id keeps
+    names apart for ids the slug maps together (``robot data`` / ``robot:data`` /
+    ``robot__data``, any two all-non-ASCII ids). ``~`` never occurs in an old name, which
+    is how migration tells the two apart.
+    """
+    slug = _legacy_key(episode_id).strip(".")[:_SLUG_MAX] or "_"
+    digest = hashlib.sha256(episode_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{slug}~{digest[:_HASH_HEX]}"
 
 
 @dataclass(frozen=True)
@@ -35,70 +73,269 @@ class Failure:
     reason: str
 
 
+class FailureRecordError(ValueError):
+    """A ``_failures/*.json`` record that cannot be read (torn, not JSON, wrong shape)."""
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Write ``path`` via a temp file in the same folder, fsync, then ``os.replace``.
+
+    Readers see the old file or the whole new one, never a torn one; ``write(fileobj)``
+    produces the bytes.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _parse_record(data: bytes, where: Path) -> list[Failure]:
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise FailureRecordError(f"{where}: not a JSON failure record ({e})") from e
+    if not isinstance(obj, list) or not obj:
+        raise FailureRecordError(f"{where}: expected a non-empty JSON list of failures")
+    out: list[Failure] = []
+    for i, f in enumerate(obj):
+        fields = ("table", "episode_id", "item", "reason")
+        if not isinstance(f, dict) or not all(isinstance(f.get(k), str) for k in fields):
+            raise FailureRecordError(f"{where}: entry {i} lacks string fields {fields}")
+        out.append(Failure(*(f[k] for k in fields)))
+    return out
+
+
+def _part_episode_ids(path: Path) -> set[str] | None:
+    """The episode ids in a part (None when it cannot be read)."""
+    try:
+        return set(pd.read_parquet(path, columns=["episode_id"])["episode_id"].astype(str))
+    except Exception:  # noqa: BLE001 - any unreadable part is left where it is
+        return None
+
+
 class TableStore:
-    """Resumable per-episode Parquet store for the engine's tables."""
+    """Resumable per-episode Parquet store for the engine's tables.
+
+    ``problems`` lists what this store found wrong on disk and set aside (quarantined
+    failure records, unmigratable old parts), for reports and logs.
+    """
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self.problems: list[str] = []
+        self._migrated: set[str] = set()
+
+    # ---- paths ------------------------------------------------------------------------
+
+    def _dir(self, table: str) -> Path:
+        d = self.root / table
+        if table not in self._migrated:
+            self._migrate(table, d)
+        return d
 
     def _part(self, table: str, episode_id: str) -> Path:
-        return self.root / table / f"{_key(episode_id)}.parquet"
+        return self._dir(table) / f"{part_key(episode_id)}.parquet"
 
     def _fail(self, table: str, episode_id: str) -> Path:
-        return self.root / table / "_failures" / f"{_key(episode_id)}.json"
+        return self._dir(table) / FAILURES_DIR / f"{part_key(episode_id)}.json"
+
+    def _pending(self, table: str, episode_id: str) -> Path:
+        return self._dir(table) / PENDING_DIR / part_key(episode_id)
+
+    # ---- writing ----------------------------------------------------------------------
 
     def has(self, table: str, episode_id: str) -> bool:
-        """True when the episode's part exists (a rerun skips it)."""
-        return self._part(table, episode_id).exists()
+        """True when the episode's part exists and is committed (a rerun skips it)."""
+        return (
+            self._part(table, episode_id).exists() and not self._pending(table, episode_id).exists()
+        )
 
     def write(self, table: str, episode_id: str, df: pd.DataFrame) -> Path:
-        """Atomically write one episode's rows; replaces an earlier part for it."""
+        """Atomically write one episode's rows; replaces an earlier part for it.
+
+        The episode stays *pending* (redone by the next run) until
+        :meth:`record_failures` records its failed items, so a crash between the two never
+        marks an episode done whose failures were not recorded. :meth:`commit` does both.
+        """
         missing = [c for c in COMMON_COLUMNS if c not in df.columns]
         if missing:
             raise ValueError(f"table {table!r}, episode {episode_id}: missing columns {missing}")
         path = self._part(table, episode_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        os.close(fd)
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+        pending = self._pending(table, episode_id)
+        _atomic_write(pending, lambda f: f.write(episode_id.encode("utf-8", "surrogatepass")))
+        _atomic_write(path, lambda f: df.to_parquet(f, index=False))
         return path
 
     def record_failures(self, table: str, episode_id: str, failures: list[Failure]) -> None:
-        """Record (or clear, with an empty list) the failed items of one episode."""
+        """Record (or clear, with an empty list) the failed items of one episode.
+
+        Written atomically; this also commits a part written by :meth:`write`.
+        """
         path = self._fail(table, episode_id)
-        if not failures:
+        if failures:
+            body = json.dumps([f.__dict__ for f in failures], indent=1).encode()
+            _atomic_write(path, lambda f: f.write(body))
+        else:
             path.unlink(missing_ok=True)
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([f.__dict__ for f in failures], indent=1))
+        self._pending(table, episode_id).unlink(missing_ok=True)
+
+    def commit(
+        self,
+        table: str,
+        episode_id: str,
+        df: pd.DataFrame | None,
+        failures: list[Failure],
+    ) -> None:
+        """Write one episode's rows (if any) and record its failures, crash-safely.
+
+        Order: pending mark, part, failure record, unmark. A crash anywhere leaves the
+        episode pending or failed, so the next run redoes it (its part is replaced, so no
+        row is duplicated).
+        """
+        if df is not None:
+            self.write(table, episode_id, df)
+        self.record_failures(table, episode_id, failures)
+
+    # ---- reading ----------------------------------------------------------------------
 
     def failures(self, table: str) -> list[Failure]:
-        d = self.root / table / "_failures"
+        """Every recorded failure of ``table``.
+
+        A record that cannot be read is moved to ``_quarantine/`` (never deleted), reported
+        in :attr:`problems` and the log, and its episode is marked pending so the next run
+        redoes it; it never makes the read fail.
+        """
+        d = self._dir(table) / FAILURES_DIR
         out: list[Failure] = []
-        for p in sorted(d.glob("*.json")) if d.exists() else []:
-            out.extend(Failure(**f) for f in json.loads(p.read_text()))
+        for p in sorted(d.glob("*.json")) if d.is_dir() else []:
+            try:
+                out.extend(_parse_record(p.read_bytes(), p))
+            except FileNotFoundError:  # another process moved or cleared it meanwhile
+                continue
+            except (FailureRecordError, OSError) as e:
+                self._quarantine(table, p, str(e))
+                if "~" in p.stem:  # its episode is unknown but its key is not: redo it
+                    mark = self._dir(table) / PENDING_DIR / p.stem
+                    _atomic_write(mark, lambda f: f.write(b""))
         return out
+
+    def pending(self, table: str) -> list[str]:
+        """Part keys of episodes written but not committed (interrupted runs)."""
+        d = self._dir(table) / PENDING_DIR
+        if not d.is_dir():
+            return []
+        return sorted(p.name for p in d.iterdir() if not p.name.startswith("."))
 
     def split_pending(
         self, table: str, episode_ids: Iterable[str], *, redo: bool = False
     ) -> tuple[list[str], list[str]]:
         """``(todo, skipped)`` of ``episode_ids``, order kept.
 
-        An episode is skipped when its part exists and it has no recorded failures (a
-        rerun redoes failed episodes); ``redo`` puts every episode in ``todo``.
+        An episode is skipped when its part exists, it has no recorded failures and its
+        commit finished (a rerun redoes failed and interrupted episodes); ``redo`` puts
+        every episode in ``todo``.
         """
         failed = set() if redo else {f.episode_id for f in self.failures(table)}
+        pending = set() if redo else set(self.pending(table))
         todo: list[str] = []
         skipped: list[str] = []
         for eid in episode_ids:
-            done = not redo and self.has(table, eid) and eid not in failed
+            done = (
+                not redo
+                and eid not in failed
+                and part_key(eid) not in pending
+                and self._part(table, eid).exists()
+            )
             (skipped if done else todo).append(eid)
         return todo, skipped
 
     def read(self, table: str) -> pd.DataFrame:
-        """All finished episodes' rows of ``table`` (empty frame if none)."""
-        parts = sorted((self.root / table).glob("*.parquet"))
+        """All written episodes' rows of ``table`` (empty frame if none)."""
+        parts = sorted(self._dir(table).glob("*.parquet"))
         if not parts:
             return pd.DataFrame(columns=list(COMMON_COLUMNS))
         return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+
+    # ---- repair -----------------------------------------------------------------------
+
+    def _quarantine(self, table: str, path: Path, why: str) -> Path | None:
+        """Move ``path`` under ``<table>/_quarantine/`` and report it."""
+        qdir = self.root / table / QUARANTINE_DIR / path.parent.name
+        qdir.mkdir(parents=True, exist_ok=True)
+        dest = qdir / path.name
+        n = 0
+        while dest.exists():
+            n += 1
+            dest = qdir / f"{path.name}.{n}"
+        try:
+            os.replace(path, dest)
+        except FileNotFoundError:  # already moved by a concurrent reader
+            return None
+        msg = f"table {table!r}: {why}; moved to {dest}"
+        log.warning(msg)
+        self.problems.append(msg)
+        return dest
+
+    def _migrate(self, table: str, d: Path) -> None:
+        """Rename parts and failure records of an older table to injective names, once.
+
+        An old part holding one episode's rows moves to that episode's new name; an old
+        part that is empty or unreadable stays where it is (still read, never matched, so
+        its episode is redone). Old names could be shared by several episodes: only the
+        last one written survived there, and the others are redone by the next run.
+        """
+        self._migrated.add(table)
+        if not d.is_dir() or (d / LAYOUT_FILE).exists():
+            return
+        for p in sorted(d.glob("*.parquet")):
+            if "~" in p.stem:
+                continue
+            ids = _part_episode_ids(p)
+            if ids is None or len(ids) != 1:
+                self.problems.append(f"table {table!r}: old part {p.name} not migrated ({ids})")
+                continue
+            target = d / f"{part_key(next(iter(ids)))}.parquet"
+            if target.exists():
+                self._quarantine(table, p, f"old part {p.name} superseded by {target.name}")
+            else:
+                os.replace(p, target)
+        fdir = d / FAILURES_DIR
+        for p in sorted(fdir.glob("*.json")) if fdir.is_dir() else []:
+            if "~" in p.stem:
+                continue
+            try:
+                recs = _parse_record(p.read_bytes(), p)
+            except (FailureRecordError, OSError) as e:
+                self._quarantine(table, p, str(e))
+                continue
+            ids = {f.episode_id for f in recs}
+            target = fdir / f"{part_key(next(iter(ids)))}.json" if len(ids) == 1 else None
+            if target is None or target.exists():
+                self._quarantine(table, p, f"old failure record {p.name} not migrated")
+            else:
+                os.replace(p, target)
+        _atomic_write(d / LAYOUT_FILE, lambda f: f.write(json.dumps(LAYOUT).encode()))
+
+
+__all__ = ["COMMON_COLUMNS", "Failure", "FailureRecordError", "TableStore", "part_key"]
