@@ -20,9 +20,15 @@ a suite does not import GX (a ~5 s import); an optional ``derive`` function adds
 check columns (e.g. per-episode timestamp deltas) before validation, because GX 1.x has no
 per-group row expectations for pandas.
 
-GX runs in-process on pandas with one cached ephemeral context (no CLI, no project
-directory, analytics off): the first validation in a process pays the import, later ones
-cost tens of milliseconds.
+GX runs in-process on pandas with one cached ephemeral context (no project directory,
+analytics off). Every validation goes through GX's own objects: the suite is stored in
+the context, a ``ValidationDefinition`` binds it to the whole-dataframe batch definition
+and a ``Checkpoint`` runs it, so its result lands in the context's validation-results
+store under a ``ValidationResultIdentifier``. :func:`write_data_docs` renders the results
+of a set of reports as GX Data Docs (HTML) into a folder (the CLI puts them beside the
+JSON report). The first validation in a process pays the GX import (~5 s), later ones
+cost tens of milliseconds. Results kept for Data Docs are bounded (:data:`KEEP_RESULTS`),
+so a long-running process (an Airflow worker) does not grow.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ import math
 import os
 import pkgutil
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,6 +55,8 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 #: Failing rows kept per expectation in a report (enough to debug, small enough to log).
 MAX_SAMPLES = 20
+#: GX validation results kept in the in-memory store for Data Docs (oldest evicted first).
+KEEP_RESULTS = 256
 
 SuiteBuilder = Callable[[Any], Sequence[Any]]
 
@@ -226,6 +236,9 @@ class ValidationReport:
     row_count: int
     results: list[ExpectationResult]
     dataset: str | None = None
+    #: The GX ``ValidationResultIdentifier`` (as a string) of the Checkpoint run that
+    #: produced this report: its Data Docs page (see :func:`write_data_docs`).
+    gx_result_id: str | None = None
 
     @property
     def failures(self) -> list[ExpectationResult]:
@@ -292,7 +305,7 @@ class TableValidationError(FloraDataError):
 class _GX:
     """The process-wide GX objects: one ephemeral context and a whole-dataframe batch def."""
 
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     _instance: _GX | None = None
 
     def __init__(self) -> None:
@@ -307,6 +320,9 @@ class _GX:
         source = self.context.data_sources.add_pandas("flora_tables")
         asset = source.add_dataframe_asset(name="table")
         self.batch_definition = asset.add_batch_definition_whole_dataframe("whole_table")
+        # Result id string -> ValidationResultIdentifier, oldest first (for Data Docs).
+        self.kept: OrderedDict[str, Any] = OrderedDict()
+        self.runs = 0
 
     @classmethod
     def get(cls) -> _GX:
@@ -314,6 +330,50 @@ class _GX:
             if cls._instance is None:
                 cls._instance = _GX()
             return cls._instance
+
+    def run_checkpoint(
+        self, table: str, suite_name: str, expectations: Sequence[Any], data: pd.DataFrame,
+        result_format: dict[str, Any],
+    ) -> tuple[Any, str]:  # fmt: skip
+        """Store the suite, run it through a ValidationDefinition and a Checkpoint.
+
+        Returns (ExpectationSuiteValidationResult, result id string). Caller holds the lock.
+        """
+        import datetime as dt
+
+        from great_expectations.core.run_identifier import RunIdentifier
+
+        gx = self.gx
+        suite = self.context.suites.add_or_update(
+            gx.ExpectationSuite(name=suite_name, expectations=list(expectations))
+        )
+        vd = self.context.validation_definitions.add_or_update(
+            gx.ValidationDefinition(
+                name=f"{table}_validation", data=self.batch_definition, suite=suite
+            )
+        )
+        cp = self.context.checkpoints.add_or_update(
+            gx.Checkpoint(
+                name=f"{table}_checkpoint", validation_definitions=[vd],
+                result_format=result_format,
+            )
+        )  # fmt: skip
+        self.runs += 1
+        # A unique run name: two runs of one suite in the same microsecond stay distinct.
+        run_id = RunIdentifier(
+            run_name=f"flora-{os.getpid()}-{self.runs}", run_time=dt.datetime.now(dt.UTC)
+        )
+        out = cp.run(batch_parameters={"dataframe": data}, run_id=run_id)
+        ((key, result),) = out.run_results.items()
+        rid = key.to_fixed_length_tuple()
+        sid = "/".join(str(x) for x in rid)
+        self.kept[sid] = key
+        while len(self.kept) > KEEP_RESULTS:
+            _, old = self.kept.popitem(last=False)
+            store = self.context.validation_results_store
+            if store.has_key(old):
+                store.remove_key(old)
+        return result, sid
 
 
 def gx_expectations() -> Any:
@@ -406,12 +466,10 @@ def run_suite(
     }
     if index_cols:
         result_format["unexpected_index_column_names"] = index_cols
-    with _GX._lock:  # the batch definition is shared; GX is not thread-safe on it
-        gx_suite = rt.gx.ExpectationSuite(name=suite.name)
-        for e in expectations:
-            gx_suite.add_expectation(e)
-        batch = rt.batch_definition.get_batch(batch_parameters={"dataframe": data})
-        out = batch.validate(gx_suite, result_format=result_format)
+    with _GX._lock:  # the context and batch definition are shared; GX is not thread-safe
+        out, result_id = rt.run_checkpoint(
+            suite.table, suite.name, expectations, data, result_format
+        )
     results = [_convert(er, id_column) for er in out.results]
     # Stable order: failures first, then by expectation and field.
     results.sort(key=lambda r: (r.success, r.expectation, r.column or ""))
@@ -425,6 +483,7 @@ def run_suite(
         row_count=len(data),
         results=results,
         dataset=dataset,
+        gx_result_id=result_id,
     )
 
 
@@ -449,3 +508,33 @@ def failing_rows(report: ValidationReport) -> Iterable[tuple[ExpectationResult, 
     for r in report.failures:
         for row in r.samples:
             yield r, row
+
+
+def write_data_docs(reports: Iterable[ValidationReport], folder: str | Path) -> Path | None:
+    """Render the GX Data Docs (HTML) of ``reports`` into ``folder``; return its index.html.
+
+    Uses a local Data Docs site whose store is ``folder`` and ``context.build_data_docs``
+    restricted to these reports' validation results. Reports whose result is no longer
+    kept (older than the last :data:`KEEP_RESULTS` validations) are left out; returns
+    None when none is left.
+    """
+    rt = _GX.get()
+    root = Path(folder).resolve()
+    with _GX._lock:
+        keys = [rt.kept[r.gx_result_id] for r in reports if r.gx_result_id in rt.kept]
+        if not keys:
+            return None
+        root.mkdir(parents=True, exist_ok=True)
+        site = "flora_report"
+        config = {
+            "class_name": "SiteBuilder",
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
+                              "base_directory": str(root)},
+        }  # fmt: skip
+        if site in rt.context.list_data_docs_sites():
+            rt.context.update_data_docs_site(site, config)
+        else:
+            rt.context.add_data_docs_site(site, config)
+        rt.context.build_data_docs(site_names=[site], resource_identifiers=keys)
+    return root / "index.html"

@@ -4,12 +4,20 @@ Three tables are built from a dataset and each is checked by its GX suite:
 
 - ``raw_frames`` — one row per frame: timestamps start at 0 and strictly increase per
   episode; state and action vectors are finite.
-- ``raw_episodes`` — one row per episode: fps and duration are sane, the frame count
-  matches ``duration × fps``, the last timestamp lies inside the episode, every camera the
-  dataset declares is present.
+- ``raw_episodes`` — one row per episode: fps and duration are sane, the last timestamp
+  lies inside the episode, every camera the dataset declares is present.
 - ``raw_cameras`` — one row per (episode, camera): the episode's frames are in the file
-  (demuxed), the first and last frame decode, and the video covers the whole episode
-  (within one frame period at each end).
+  (demuxed), **every** packet of the camera's span decodes to a frame of the declared
+  size (decode only, no RGB conversion: ``decode_span``), the video stream holds as many
+  frames as the data has rows (±1, scaled by the camera's fps), and the video covers the
+  whole episode (within one frame period at each end).
+
+The frame count is compared with the *video stream's own* frames, not with
+``duration × fps``: LeRobot readers derive the duration from the data's frame count, so
+that comparison could never fail (issue 9). Metadata problems (non-UTF-8 or invalid
+``info.json``, NaN fps, a ``data_path``/``video_path`` template with an unknown
+placeholder or leaving the dataset root) are raised by the readers as named
+``FloraDataError``s and become ``load`` issues (see docs/validation.md).
 
 An episode the reader cannot even load (bad Parquet, missing video, broken timestamps)
 becomes an issue carrying the reader's ``FloraDataError`` fields; every other episode is
@@ -43,7 +51,7 @@ FIELD_OF = {
     "dt_us": "timestamp",
     "first_timestamp_us": "timestamp",
     "timestamp_us": "timestamp",
-    "frames_match_duration": "length",
+    "frames_match_data": "length",
     "duration_us,last_timestamp_us": "timestamp",
     "n_missing_cameras": "cameras",
 }
@@ -94,21 +102,12 @@ def _raw_frames(gxe):
     ]
 
 
-def _derive_episodes(df: pd.DataFrame) -> pd.DataFrame:
-    out = df.copy()
-    if {"n_frames", "duration_us", "fps"} <= set(df.columns):
-        expected = df["duration_us"].astype(float) * df["fps"].astype(float) / 1e6
-        out["frames_match_duration"] = (df["n_frames"].astype(float) - expected).abs() <= 1.0
-    return out
-
-
 @register_suite(
     "raw_episodes",
-    derive=_derive_episodes,
-    description="Raw per-episode table: fps, duration, frame count, cameras",
+    description="Raw per-episode table: fps, duration, last timestamp, cameras",
 )
 def _raw_episodes(gxe):
-    """Raw episodes: sane fps/duration, frame count matches, all cameras present."""
+    """Raw episodes: sane fps/duration, last frame inside the episode, all cameras present."""
     return [
         gxe.ExpectTableRowCountToBeBetween(min_value=1),
         gxe.ExpectColumnValuesToBeUnique(column="episode_id"),
@@ -120,11 +119,6 @@ def _raw_episodes(gxe):
             min_value=1,
             max_value=MAX_DURATION_US,
             description="duration sane",
-        ),
-        gxe.ExpectColumnValuesToBeInSet(
-            column="frames_match_duration",
-            value_set=[True],
-            description="frame count = duration × fps (±1)",
         ),
         gxe.ExpectColumnPairValuesAToBeGreaterThanB(
             column_A="duration_us",
@@ -140,16 +134,30 @@ def _raw_episodes(gxe):
     ]
 
 
+def _derive_cameras(df: pd.DataFrame) -> pd.DataFrame:
+    out = df.copy()
+    if {"video_frames", "expected_frames"} <= set(df.columns):
+        diff = df["video_frames"].astype(float) - df["expected_frames"].astype(float)
+        out["frames_match_data"] = diff.abs() <= 1.0
+    return out
+
+
 @register_suite(
     "raw_cameras",
+    derive=_derive_cameras,
     index_columns=("episode_id", "camera", "file"),
-    description="Raw per-camera table: decodable and covering the episode",
+    description="Raw per-camera table: every frame decodes, video matches the data",
 )
 def _raw_cameras(gxe):
-    """Raw cameras: frames present and decodable, video covers the episode."""
+    """Raw cameras: every frame decodes, frame count matches, video covers the episode."""
     return [
         gxe.ExpectColumnValuesToBeInSet(
-            column="decodable", value_set=[True], description="first and last frame decode"
+            column="decodable", value_set=[True], description="every frame decodes"
+        ),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="frames_match_data",
+            value_set=[True],
+            description="video frames = data frames (±1)",
         ),
         gxe.ExpectColumnValuesToBeBetween(
             column="video_frames", min_value=1, description="episode frames present in file"
@@ -213,14 +221,86 @@ def episode_row(ep: Episode, declared_cameras: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def camera_rows(ep: Episode) -> list[dict[str, Any]]:
-    """The ``raw_cameras`` rows of one loaded episode: demux, decode ends, coverage."""
-    from flora.data.frames import sample_frames
-    from flora.data.video import open_video, packet_index
+@dataclass
+class SpanDecode:
+    """What :func:`decode_span` found in one camera's episode span (µs, file-relative)."""
 
+    pts_us: list[int] = field(default_factory=list)  # packets inside the span, sorted
+    decoded: int = 0  # frames decoded inside the span
+    errors: int = 0  # packets the decoder rejected
+    wrong_size: int = 0  # decoded frames whose size differs from the declared one
+    first_error: str = ""
+
+
+def decode_span(cam: Any, *, dataset: str | None = None, episode: int | None = None) -> SpanDecode:
+    """Demux and decode every packet of ``cam``'s episode span, without RGB conversion.
+
+    Seeks to the keyframe at or before the span start (v3.0 files hold several episodes)
+    and decodes forward to the span end, so a frame damaged anywhere in the span is found
+    — not only at its ends. Decoder errors are counted per packet (the decoder recovers
+    at the next keyframe), never raised. Frames are only decoded (``to_ndarray`` is the
+    expensive part and is skipped); see benchmarks/validate_decode.py for the cost.
+    """
+    import av
+
+    from flora.data.video import open_video, us_to_ts
+
+    out = SpanDecode()
+    with open_video(cam.path, dataset=dataset, episode=episode, field=cam.key) as c:
+        vs = c.streams.video[0]
+        tb = vs.time_base
+        num, den, half = tb.numerator * 2_000_000, 2 * tb.denominator, tb.denominator
+        s0 = ((vs.start_time or 0) * num + half) // den
+        start, end = int(cam.file_start_us), int(cam.file_end_us)
+        if start > 0:
+            c.seek(us_to_ts(start + s0, tb), stream=vs, backward=True, any_frame=False)
+
+        def take(frames: Any) -> None:
+            for fr in frames:
+                if fr.pts is None:
+                    continue
+                t = (fr.pts * num + half) // den - s0
+                if start <= t < end:
+                    out.decoded += 1
+                    if (fr.width, fr.height) != (cam.width, cam.height):
+                        out.wrong_size += 1
+
+        def error(at: int | None, e: Exception) -> None:
+            out.errors += 1
+            if not out.first_error:
+                where = f" at {at - start} µs" if at is not None else ""
+                out.first_error = f"decode error{where} ({type(e).__name__}: {e})"
+
+        for pkt in c.demux(vs):
+            if pkt.pts is None and pkt.dts is None:  # the demuxer's final flush packet
+                continue
+            t = None if pkt.pts is None else (pkt.pts * num + half) // den - s0
+            if t is not None and t >= end:
+                dts = pkt.dts
+                if dts is None or (dts * num + half) // den - s0 >= end:
+                    break
+            if t is not None and start <= t < end:
+                out.pts_us.append(t)
+            try:
+                take(pkt.decode())
+            except av.error.FFmpegError as e:
+                if t is None or start <= t < end:
+                    error(t, e)
+        try:  # frames still buffered in the decoder (reordering codecs)
+            take(vs.codec_context.decode(None))
+        except av.error.FFmpegError as e:
+            error(None, e)
+    out.pts_us.sort()
+    return out
+
+
+def camera_rows(ep: Episode) -> list[dict[str, Any]]:
+    """The ``raw_cameras`` rows of one loaded episode: demux, decode every frame, coverage."""
     rows = []
+    n_data = len(ep.timestamps_us)
     for key, cam in sorted(ep.cameras.items()):
         period = int(round(1_000_000 / cam.fps)) if cam.fps > 0 else ep.duration_us
+        scale = cam.fps / ep.fps if cam.fps > 0 and ep.fps > 0 else 1.0
         row: dict[str, Any] = {
             "episode_id": ep.episode_id,
             "dataset": ep.dataset,
@@ -230,31 +310,42 @@ def camera_rows(ep: Episode) -> list[dict[str, Any]]:
             "duration_us": int(ep.duration_us),
             "slack_us": period,
             "min_end_us": int(ep.duration_us) - period,
+            "data_frames": n_data,
+            "expected_frames": int(round(n_data * scale)),
             "video_frames": 0,
+            "decoded_frames": 0,
+            "decode_errors": 0,
             "covered_from_us": None,
             "covered_to_us": None,
             "decodable": False,
             "error": "",
         }
         try:
-            with open_video(cam.path, dataset=ep.dataset, episode=ep.index, field=key) as c:
-                pts, _, _, _ = packet_index(c, cam.file_start_us, cam.file_end_us)
-            inside = [p for p in pts if cam.file_start_us <= p < cam.file_end_us]
+            got = decode_span(cam, dataset=ep.dataset, episode=ep.index)
+            inside = got.pts_us
             row["video_frames"] = len(inside)
+            row["decoded_frames"] = got.decoded
+            row["decode_errors"] = got.errors
             if inside:
                 row["covered_from_us"] = inside[0] - cam.file_start_us
                 row["covered_to_us"] = inside[-1] + period - cam.file_start_us
-            last = max(cam.file_end_us - cam.file_start_us - period, 0)
-            got = sample_frames(cam, [0, last], dataset=ep.dataset, episode=ep.index)
-            sizes_ok = all(
-                f is not None and f.image.shape[:2] == (cam.height, cam.width) for f in got
+            row["decodable"] = bool(
+                inside and got.errors == 0 and got.decoded == len(inside) and not got.wrong_size
             )
-            row["decodable"] = sizes_ok
-            if not sizes_ok:
-                row["error"] = f"decoded frame size differs from declared {cam.height}x{cam.width}"
+            if got.first_error:
+                row["error"] = f"{got.errors} of {len(inside)} frames fail: {got.first_error}"
+            elif got.wrong_size:
+                row["error"] = (
+                    f"{got.wrong_size} decoded frames differ from the declared size "
+                    f"{cam.height}x{cam.width}"
+                )
+            elif got.decoded != len(inside):
+                row["error"] = f"{got.decoded} of {len(inside)} frames decode"
+            elif not inside:
+                row["error"] = "no frames in the episode span"
         except FloraDataError as e:
             row["error"] = e.reason
-        except Exception as e:  # noqa: BLE001 - any decoder failure is this camera's issue
+        except Exception as e:  # noqa: BLE001 - any demux failure is this camera's issue
             row["error"] = f"{type(e).__name__}: {e}"
         rows.append(row)
     return rows
@@ -354,23 +445,39 @@ class DatasetReport:
 
 def data_file_of(ds: Any, index: int) -> str | None:
     """Best-effort path of the file holding an episode's frames (for issue locations)."""
+    from flora.data.dataset import meta_path
+
     info = getattr(ds, "info", None)
     meta = getattr(ds, "episodes_meta", None)
     try:
         if info and isinstance(meta, pd.DataFrame):  # LeRobot v3.0
             m = meta.loc[index]
-            return str(
-                ds.root
-                / info["data_path"].format(
-                    chunk_index=int(m["data/chunk_index"]), file_index=int(m["data/file_index"])
-                )
-            )
-        if info and isinstance(meta, dict):  # LeRobot v2.x
+            values = {"chunk_index": int(m["data/chunk_index"]),
+                      "file_index": int(m["data/file_index"])}  # fmt: skip
+        elif info and isinstance(meta, dict):  # LeRobot v2.x
             chunk = index // int(getattr(ds, "chunks_size", 1000))
-            return str(ds.root / info["data_path"].format(episode_chunk=chunk, episode_index=index))
-    except (KeyError, ValueError, TypeError, IndexError):
+            values = {"episode_chunk": chunk, "episode_index": index}
+        else:
+            return None
+        return str(meta_path(ds.root, info["data_path"], field="data_path", **values))
+    except (KeyError, ValueError, TypeError, IndexError, FloraDataError):
         return None
     return None
+
+
+def _camera_detail(column: str | None, cam: dict[str, Any]) -> str:
+    """Why one camera row failed the check on ``column``."""
+    if column == "frames_match_data":
+        return (
+            f"video has {cam.get('video_frames')} frames in the episode span, the data has "
+            f"{cam.get('data_frames')} rows (expected {cam.get('expected_frames')} frames)"
+        )
+    if column == "decodable" or cam.get("error"):
+        return cam.get("error") or "frames do not decode"
+    return (
+        f"video covers [{cam.get('covered_from_us')}, {cam.get('covered_to_us')}) µs"
+        f" of [0, {cam.get('duration_us')}) µs ({cam.get('video_frames')} frames)"
+    )
 
 
 def _issues_from(
@@ -396,12 +503,14 @@ def _issues_from(
             if report.table == "raw_frames" and rows:
                 detail += f" (first at frame {rows[0].get('frame_index')})"
             if report.table == "raw_cameras" and rows:
-                cam = cameras.get((eid, str(rows[0].get("camera"))), {})
-                fld, file = str(rows[0].get("camera")), str(rows[0].get("file"))
-                detail = cam.get("error") or (
-                    f"video covers [{cam.get('covered_from_us')}, {cam.get('covered_to_us')}) µs"
-                    f" of [0, {cam.get('duration_us')}) µs ({cam.get('video_frames')} frames)"
-                )
+                # One issue per failing camera of the episode, each naming its file.
+                for row in rows:
+                    cam = cameras.get((eid, str(row.get("camera"))), {})
+                    out.append(
+                        EpisodeIssue(ds_name, ep, str(row.get("file")), str(row.get("camera")),
+                                     check, _camera_detail(r.column, cam))
+                    )  # fmt: skip
+                continue
             out.append(EpisodeIssue(ds_name, ep, file, fld, check, detail))
     return out
 
@@ -462,6 +571,7 @@ def validate_dataset(path: str | Path, *, progress: bool = True) -> DatasetRepor
                 "file",
                 "decodable",
                 "video_frames",
+                "expected_frames",
                 "slack_us",
                 "covered_from_us",
                 "covered_to_us",

@@ -94,7 +94,11 @@ def test_cli_exit_codes_and_report(tiny_dataset, damaged_copy, tmp_path):
     bad = runner.invoke(
         _cli(), ["validate", str(root), "-q", "--json", str(out)], env={"COLUMNS": "200"}
     )
-    assert bad.exit_code == 1, bad.output
+    # Some episodes failed, others are valid: 3 (the documented rule), 1 with --strict.
+    assert bad.exit_code == 3, bad.output
     assert "FAILED" in bad.output and "action is finite" in bad.output
     saved = json.loads(out.read_text())
     assert saved["invalid_episodes"] == [1] and saved["valid_episodes"] == [0, 2]
+    assert saved["exit_code"] == 3
+    strict = runner.invoke(_cli(), ["validate", str(root), "-q", "--strict", "--no-docs"])
+    assert strict.exit_code == 1, strict.output
