@@ -1,0 +1,160 @@
+"""Held-out evaluation scored on hand-made model output tables."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flora.metrics.caption import Judgment
+from flora.parsing import Rejection
+from flora.reward.dense import render_dense
+from flora.reward.rubric import Rubric, render_rubric
+from training.evaluate import bootstrap_ci, metric_key, score_outputs
+from training.sets import Example
+
+
+def ex(eid, model, kind, episode, reference):
+    return Example(
+        example_id=eid, model=model, task_kind=kind, purpose="sft", dataset="toy",
+        episode_id=episode, split="heldout", request_id=eid, system=None, prompt="p",
+        images=[], frame_times_us=None, max_new_tokens=8, temperature=0.0, top_logprobs=0,
+        target="", reference=json.dumps(reference),
+    )  # fmt: skip
+
+
+def table(rows):
+    return pd.DataFrame([{"example_id": k, "text": t} for k, t in rows])
+
+
+SEG = [
+    ex("w0", "segmenter", "segment", "toy/000000",
+       {"n_ticks": 320, "segments": [[0, 40, 1, 0], [60, 200, 0, 0]]}),
+    ex("w1", "segmenter", "segment", "toy/000000", {"n_ticks": 320, "segments": []}),
+    ex("w2", "segmenter", "segment", "toy/000001", {"n_ticks": 320, "segments": [[10, 50, 0, 0]]}),
+    ex("w3", "segmenter", "segment", "toy/000001", {"n_ticks": 320, "segments": [[0, 320, 1, 1]]}),
+]  # fmt: skip
+
+
+def test_segmenter_metrics_on_a_hand_table():
+    out = table([
+        ("w0", "0 40 1 0\n60 200 0 0"),  # perfect: every metric 1
+        ("w1", "none"),  # correct empty answer: 1
+        ("w2", "10 30 0 0\n100 120 0 0"),  # tIoU 0.5 with the ref, one extra segment
+        # w3 missing from the table: unparseable, 0 everywhere
+    ])  # fmt: skip
+    res = score_outputs("segmenter", SEG, out, n_boot=0)
+    m = res.metrics
+    assert m["parse_rate"] == 0.75 and m["items"] == 4 and m["episodes"] == 2
+    # w2: matched 1 of 2 preds at 0.5 -> P=0.5, R=1, F1=2/3; none at 0.75
+    assert m["f1@0.5"] == pytest.approx((1 + 1 + 2 / 3 + 0) / 4)
+    assert m["f1@0.75"] == pytest.approx((1 + 1 + 0 + 0) / 4)
+    assert m["precision@0.5"] == pytest.approx((1 + 1 + 0.5 + 0) / 4)
+    # w2's pair: start exact, end 20 ticks off (tolerance 10) -> E=0.5; flags agree -> 1
+    b2 = 0.5 * 0.5 + 0.5 * 1.0
+    assert m["B"] == pytest.approx((1 + 1 + b2 + 0) / 4)
+    r2 = 0.45 * (2 / 3) + 0.15 * 0 + 0.25 * 0.5 + 0.15 * b2
+    assert m["r_seg"] == pytest.approx((1 + 1 + r2 + 0) / 4)
+    row = res.items.set_index("example_id").loc["w3"]
+    assert not row["parsed"] and row["r_seg"] == 0.0
+
+
+def test_bootstrap_over_episodes_brackets_the_mean():
+    out = table([("w0", "0 40 1 0\n60 200 0 0"), ("w1", "none"), ("w2", "garbage")])
+    res = score_outputs("segmenter", SEG, out, n_boot=200, seed=3)
+    lo, hi = res.intervals["r_seg"]
+    # episode 0 scores 1, episode 1 scores 0: resamples give 0, 0.5 or 1
+    assert lo == 0.0 and hi == 1.0 and res.metrics["r_seg"] == 0.5
+    assert "items" not in res.intervals
+    again = score_outputs("segmenter", SEG, out, n_boot=200, seed=3)
+    assert again.intervals == res.intervals
+
+
+class CupJudge:
+    name = "cup"
+
+    def judge_batch(self, items):
+        return [
+            Rejection("undecided") if "maybe" in c else Judgment(covered=(0,) if "cup" in c else ())
+            for c, _ in items
+        ]
+
+
+CAP = [
+    ex(f"e{i}", "captioner", "caption", f"toy/00000{i // 2}",
+       {"caption": "pick up the cup.", "requirements": [
+           {"family": "action", "text": "pick up the cup", "mass": 1.0}]})
+    for i in range(4)
+]  # fmt: skip
+
+
+def test_captioner_r_cap_counts_every_reference_event():
+    out = table([
+        ("e0", "caption: pick up the cup."),  # covered: r_cap = 2*1/(1+1) = 1
+        ("e1", "caption: open a drawer."),  # parsed, nothing covered: 0
+        ("e2", "pick up the cup"),  # no prefix: unparseable -> 0
+        ("e3", "caption: maybe the cup."),  # judge could not decide -> 0, not covered
+    ])  # fmt: skip
+    res = score_outputs("captioner", CAP, out, judge=CupJudge(), n_boot=0)
+    m = res.metrics
+    assert m["r_cap"] == pytest.approx(1 / 4)
+    assert m["r_cap_judged"] == pytest.approx(1 / 2)
+    assert m["coverage"] == pytest.approx(2 / 4)
+    assert m["parse_rate"] == pytest.approx(3 / 4)
+
+
+RUB = Rubric.model_validate(
+    {"task": "r", "steps": [{"name": "grasp", "allowed": [0, 0.5]},
+                            {"name": "place", "allowed": [0, 0.25, 0.5]}]}
+)  # fmt: skip
+REW = [
+    ex("o0", "rewarder", "outcome", "toy/000000", {"score": 5}),
+    ex("o1", "rewarder", "outcome", "toy/000001", {"score": 2}),
+    ex("o2", "rewarder", "outcome", "toy/000002", {"score": 3}),
+    ex("d0", "rewarder", "dense", "toy/000000",
+       {"groups": [1, 2, 3, 4], "labels": [3, 1, 2, 3] + [3] * 28}),
+    ex("r0", "rewarder", "rubric", "toy/000000",
+       {"rubric": RUB.model_dump(mode="json"), "scores": {"grasp": 0.5, "place": 0.25}}),
+]  # fmt: skip
+
+
+def test_rewarder_metrics_on_a_hand_table():
+    labels = [3, 1, 3, 3] + [1] * 28  # group 5+ are not retained: never scored
+    reasons = ["" if x == 3 else "drops it" for x in labels]
+    out = pd.DataFrame([
+        {"example_id": "o0", "text": "score: 4", "expected_score": 4.5},
+        {"example_id": "o1", "text": "score: 2", "expected_score": np.nan},  # no distribution
+        {"example_id": "o2", "text": "score: 9", "expected_score": np.nan},  # unparseable
+        {"example_id": "d0", "text": render_dense(labels, reasons), "expected_score": np.nan},
+        {"example_id": "r0", "text": render_rubric(RUB, {"grasp": 0.5, "place": 0.5}),
+         "expected_score": np.nan},
+    ])  # fmt: skip
+    res = score_outputs("rewarder", REW, out, n_boot=0)
+    m = res.metrics
+    assert m["outcome.parse_rate"] == pytest.approx(2 / 3)
+    assert m["outcome.mae"] == pytest.approx((0.5 + 0.0) / 2)
+    assert m["outcome.mae_argmax"] == pytest.approx((1.0 + 0.0) / 2)
+    assert m["dense.accuracy"] == pytest.approx(3 / 4)  # group 3: 3 vs ref 2
+    assert m["dense.failure_recall"] == 1.0  # the one failure group (2) found
+    assert m["rubric.l1"] == pytest.approx(0.25)
+    assert m["parse_rate"] == pytest.approx(4 / 5)
+
+
+def test_bad_tables_and_models_are_refused():
+    with pytest.raises(ValueError, match="example_id"):
+        score_outputs("segmenter", SEG, pd.DataFrame({"text": ["none"]}), n_boot=0)
+    with pytest.raises(ValueError, match="repeats"):
+        score_outputs("segmenter", SEG, table([("w0", "none"), ("w0", "none")]), n_boot=0)
+    with pytest.raises(ValueError, match="not captioner"):
+        score_outputs("captioner", SEG, table([]), n_boot=0)
+    with pytest.raises(ValueError, match="model must be"):
+        score_outputs("policy", SEG, table([]), n_boot=0)
+
+
+def test_metric_keys_and_empty_bootstrap():
+    assert metric_key("f1@0.5") == "eval.f1_at_0.5"
+    assert bootstrap_ci(pd.DataFrame(), lambda d: {}) == {}
+    assert math.isnan(float("nan"))

@@ -1,0 +1,494 @@
+"""``flora eval model``: held-out quality of a trained segmenter, captioner or rewarder.
+
+The evaluation runs on the held-out split of a training set (:mod:`training.sets`, split
+by episode hash), so its requests are exactly the ones the engine sends. It has two
+halves, so that any prediction source — a model through a backend, a baseline, a
+hand-made table in a test — is scored by the same code:
+
+* :func:`generate_outputs`: one greedy answer per example through any ``VLMBackend``,
+  as an *output table* (``example_id``, ``text``, and for outcome examples the
+  ``expected_score`` read from the score-token log-probabilities);
+* :func:`score_outputs`: the output table against the examples' references, with the
+  project's metrics (:mod:`flora.metrics`) and strict parsers — nothing re-implemented.
+
+Metrics (``docs/training.md``, "Evaluation"):
+
+* segmenter, per window then averaged over windows: ``f1@0.5``, ``f1@0.75``,
+  ``precision@0.5``, ``B`` (boundary score), ``r_seg``; a window whose output does not
+  parse scores 0 on all of them (the GRPO reward's floor) and lowers ``parse_rate``;
+* captioner: ``r_cap`` averaged over **all** reference events of the held-out split — an
+  event whose caption did not parse or that the judge could not score counts 0 —
+  ``coverage`` (the share of events that got a judged caption), ``r_cap_judged`` (mean
+  over judged captions only) and ``parse_rate``;
+* rewarder: ``outcome.mae`` (E[s] from the score-token distribution, or the parsed score
+  when the table has no distribution) and ``outcome.mae_argmax``; ``dense.accuracy`` and
+  ``dense.failure_recall`` over the retained groups of every parsed dense window;
+  ``rubric.l1``; a parse rate and coverage per task. A rewarder answer that does not
+  parse has no value to put in an MAE: it is counted in the parse rate, never filled.
+
+Every metric also gets a 95 % bootstrap interval over *episodes* (:func:`bootstrap_ci`),
+because windows and events of one episode are not independent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from flora.backends.base import VLMBackend, VLMResponse
+from flora.parsing import Rejection
+
+EVAL_MODELS = ("segmenter", "captioner", "rewarder")
+OUTPUT_COLUMNS = ("example_id", "text", "expected_score", "error")
+
+
+@dataclass
+class ModelEval:
+    """Metrics (with intervals), the per-item score table and what was evaluated."""
+
+    model: str
+    metrics: dict[str, float]
+    items: pd.DataFrame
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "metrics": self.metrics,
+            "intervals": {k: list(v) for k, v in self.intervals.items()},
+            "info": self.info,
+        }
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def generate_outputs(
+    backend: VLMBackend, examples: Sequence[Any], *, batch_size: int = 64
+) -> pd.DataFrame:
+    """Greedy answers of ``backend`` to every example's request, as an output table.
+
+    Outcome examples ask for top log-probabilities (as the outcome step does) and get
+    ``expected_score`` from :func:`flora.reward.outcome.parse_outcome_response`; a
+    backend error is kept in ``error`` with an empty text (it then fails to parse).
+    """
+    from flora.reward.outcome import parse_outcome_response
+
+    rows: list[dict[str, Any]] = []
+    for lo in range(0, len(examples), batch_size):
+        chunk = examples[lo : lo + batch_size]
+        reqs = []
+        for ex in chunk:
+            r = ex.to_request()
+            r.temperature = 0.0
+            reqs.append(r)
+        resps: list[VLMResponse] = backend.generate(reqs)
+        for ex, resp in zip(chunk, resps, strict=True):
+            e = math.nan
+            if ex.task_kind == "outcome" and resp.ok:
+                o = parse_outcome_response(resp)
+                if not isinstance(o, Rejection):
+                    e = float(o.expected_score)
+            rows.append(
+                {
+                    "example_id": ex.example_id,
+                    "text": resp.text if resp.ok else "",
+                    "expected_score": e,
+                    "error": resp.error or "",
+                }
+            )
+    return pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def _outputs_by_id(outputs: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    if "example_id" not in outputs.columns or "text" not in outputs.columns:
+        raise ValueError("output table needs columns example_id and text")
+    dup = outputs["example_id"][outputs["example_id"].duplicated()].tolist()
+    if dup:
+        raise ValueError(f"output table repeats example_id {dup[:3]}")
+    return {str(r["example_id"]): r for r in outputs.to_dict(orient="records")}
+
+
+def _text(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return ""
+    t = row.get("text")
+    return "" if t is None or (isinstance(t, float) and math.isnan(t)) else str(t)
+
+
+def _segment_items(examples: Sequence[Any], out: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    from flora.metrics.segment import boundary_score, match, r_seg
+    from flora.segment.grammar import parse_segments
+    from training.rewards import as_local_segments
+
+    rows = []
+    for ex in examples:
+        ref_obj = ex.reference_obj()
+        ref = as_local_segments(ref_obj["segments"])
+        parsed = parse_segments(_text(out.get(ex.example_id)), int(ref_obj["n_ticks"]))
+        row: dict[str, Any] = {"example_id": ex.example_id, "episode_id": ex.episode_id}
+        if isinstance(parsed, Rejection):
+            row.update(parsed=False, reason=parsed.reason, n_pred=0, n_ref=len(ref))
+            row.update({"f1@0.5": 0.0, "f1@0.75": 0.0, "precision@0.5": 0.0, "B": 0.0,
+                        "r_seg": 0.0})  # fmt: skip
+        else:
+            m50, m75 = match(parsed, ref, 0.5), match(parsed, ref, 0.75)
+            row.update(parsed=True, reason="", n_pred=len(parsed), n_ref=len(ref))
+            row.update({"f1@0.5": m50.f1, "f1@0.75": m75.f1, "precision@0.5": m50.precision,
+                        "B": boundary_score(parsed, ref), "r_seg": r_seg(parsed, ref)})  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _caption_items(
+    examples: Sequence[Any], out: dict[str, dict[str, Any]], judge: Any
+) -> pd.DataFrame:
+    from flora.caption.grammar import parse_caption
+    from flora.metrics.caption import score_captions
+
+    rows: list[dict[str, Any]] = []
+    todo: list[tuple[int, str, Any]] = []
+    for ex in examples:
+        ref = ex.reference_obj()
+        p = parse_caption(_text(out.get(ex.example_id)))
+        row = {"example_id": ex.example_id, "episode_id": ex.episode_id,
+               "reference": ref.get("caption", ""), "r_cap": 0.0, "judged": False}  # fmt: skip
+        if isinstance(p, Rejection):
+            row.update(parsed=False, reason=p.reason, caption="")
+        else:
+            row.update(parsed=True, reason="", caption=p)
+            todo.append((len(rows), p, ref.get("requirements", [])))
+        rows.append(row)
+    if todo:
+        scores = score_captions(judge, [(c, r) for _, c, r in todo])
+        for (i, _, _), s in zip(todo, scores, strict=True):
+            if isinstance(s, Rejection):
+                rows[i]["reason"] = f"judge: {s.reason}"  # counts 0: unscored, not filled
+            else:
+                rows[i].update(r_cap=float(s.reward), judged=True, R=s.R, M=s.M, F=s.F)
+    return pd.DataFrame(rows)
+
+
+def _rewarder_items(examples: Sequence[Any], out: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    from flora.metrics.reward import rubric_l1
+    from flora.reward.dense import parse_dense
+    from flora.reward.outcome import parse_outcome
+    from flora.reward.rubric import Rubric, parse_rubric
+
+    rows = []
+    for ex in examples:
+        ref = ex.reference_obj()
+        o = out.get(ex.example_id)
+        text = _text(o)
+        row: dict[str, Any] = {"example_id": ex.example_id, "episode_id": ex.episode_id,
+                               "task_kind": ex.task_kind}  # fmt: skip
+        if ex.task_kind == "outcome":
+            k = parse_outcome(text)
+            row["ref_score"] = float(ref["score"])
+            if isinstance(k, Rejection):
+                row.update(parsed=False, reason=k.reason)
+            else:
+                e = o.get("expected_score") if o is not None else None
+                e = float(e) if e is not None and np.isfinite(float(e)) else float(k)
+                row.update(parsed=True, reason="", expected_score=e, argmax_score=float(k))
+        elif ex.task_kind == "dense":
+            d = parse_dense(text)
+            groups = [int(g) for g in ref["groups"]]
+            ref_l = [int(ref["labels"][g - 1]) for g in groups]
+            row["ref_labels"] = ref_l
+            if isinstance(d, Rejection):
+                row.update(parsed=False, reason=d.reason)
+            else:
+                row.update(parsed=True, reason="", labels=[int(d.labels[g - 1]) for g in groups])
+        elif ex.task_kind == "rubric":
+            rub = Rubric.model_validate(ref["rubric"])
+            p = parse_rubric(rub, text)
+            if isinstance(p, Rejection):
+                row.update(parsed=False, reason=p.reason)
+            else:
+                row.update(parsed=True, reason="", rubric_l1=rubric_l1(p, ref["scores"]))
+        else:
+            raise ValueError(f"example {ex.example_id}: unknown rewarder task {ex.task_kind!r}")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _segment_metrics(df: pd.DataFrame) -> dict[str, float]:
+    if not len(df):
+        return {"items": 0.0}
+    m = {k: float(df[k].mean()) for k in ("f1@0.5", "f1@0.75", "precision@0.5", "B", "r_seg")}
+    m.update(parse_rate=float(df["parsed"].mean()), items=float(len(df)))
+    return m
+
+
+def _caption_metrics(df: pd.DataFrame) -> dict[str, float]:
+    if not len(df):
+        return {"items": 0.0}
+    judged = df[df["judged"]]
+    return {
+        "r_cap": float(df["r_cap"].mean()),  # over ALL reference events: failures count 0
+        "r_cap_judged": float(judged["r_cap"].mean()) if len(judged) else math.nan,
+        "coverage": float(df["judged"].mean()),
+        "parse_rate": float(df["parsed"].mean()),
+        "items": float(len(df)),
+    }
+
+
+def _rewarder_metrics(df: pd.DataFrame) -> dict[str, float]:
+    from flora.metrics.reward import dense_group_accuracy, failure_recall, outcome_mae
+
+    m: dict[str, float] = {"items": float(len(df))}
+    if not len(df):
+        return m
+    for kind in ("outcome", "dense", "rubric"):
+        part = df[df["task_kind"] == kind]
+        if len(part):
+            m[f"{kind}.parse_rate"] = float(part["parsed"].mean())
+            m[f"{kind}.items"] = float(len(part))
+    m["parse_rate"] = float(df["parsed"].mean())
+    oc = df[(df["task_kind"] == "outcome") & df["parsed"]]
+    if len(oc):
+        m["outcome.mae"] = outcome_mae(oc["expected_score"], oc["ref_score"])
+        m["outcome.mae_argmax"] = outcome_mae(oc["argmax_score"], oc["ref_score"])
+    de = df[(df["task_kind"] == "dense") & df["parsed"]]
+    if len(de):
+        pred = [x for ls in de["labels"] for x in ls]
+        ref = [x for ls in de["ref_labels"] for x in ls]
+        m["dense.accuracy"] = dense_group_accuracy(pred, ref)
+        m["dense.failure_recall"] = failure_recall(pred, ref)
+    rb = df[(df["task_kind"] == "rubric") & df["parsed"]]
+    if len(rb):
+        m["rubric.l1"] = float(rb["rubric_l1"].mean())
+    return m
+
+
+_SCORERS: dict[str, Callable[[pd.DataFrame], dict[str, float]]] = {
+    "segmenter": _segment_metrics,
+    "captioner": _caption_metrics,
+    "rewarder": _rewarder_metrics,
+}
+
+
+def score_outputs(
+    model: str,
+    examples: Sequence[Any],
+    outputs: pd.DataFrame,
+    *,
+    judge: Any | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> ModelEval:
+    """Score an output table against the examples' references (see the module docstring).
+
+    An example with no row in ``outputs`` counts as an unparseable answer. ``judge``
+    (captioner only) defaults to the embedding judge. ``n_boot`` bootstrap resamples of
+    the episodes give the 95 % intervals (0 disables them).
+    """
+    if model not in EVAL_MODELS:
+        raise ValueError(f"model must be one of {EVAL_MODELS}, got {model!r}")
+    bad = [ex.example_id for ex in examples if ex.model != model]
+    if bad:
+        raise ValueError(f"examples {bad[:3]} are not {model} examples")
+    out = _outputs_by_id(outputs)
+    if model == "segmenter":
+        items = _segment_items(examples, out)
+    elif model == "captioner":
+        if judge is None:
+            from flora.caption.judges import EmbeddingJudge
+
+            judge = EmbeddingJudge()
+        items = _caption_items(examples, out, judge)
+    else:
+        items = _rewarder_items(examples, out)
+    metrics = _SCORERS[model](items)
+    metrics["episodes"] = float(items["episode_id"].nunique()) if len(items) else 0.0
+    intervals = bootstrap_ci(items, _SCORERS[model], n_boot=n_boot, seed=seed) if n_boot else {}
+    info = {"judge": getattr(judge, "name", None)} if judge is not None else {}
+    return ModelEval(model, metrics, items, intervals, info)
+
+
+def bootstrap_ci(
+    items: pd.DataFrame,
+    metric_fn: Callable[[pd.DataFrame], dict[str, float]],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, tuple[float, float]]:
+    """Percentile bootstrap intervals of every metric, resampling whole episodes."""
+    if not len(items):
+        return {}
+    eps = items["episode_id"].unique()
+    by_ep = {e: g for e, g in items.groupby("episode_id", sort=False)}
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {}
+    for _ in range(n_boot):
+        pick = rng.choice(len(eps), size=len(eps), replace=True)
+        sample = pd.concat([by_ep[eps[i]] for i in pick], ignore_index=True)
+        for k, v in metric_fn(sample).items():
+            draws.setdefault(k, []).append(v)
+    lo, hi = (1 - level) / 2 * 100, (1 + level) / 2 * 100
+    out = {}
+    for k, vs in draws.items():
+        a = np.array([v for v in vs if np.isfinite(v)], dtype=float)
+        if len(a) and not k.endswith("items"):
+            out[k] = (float(np.percentile(a, lo)), float(np.percentile(a, hi)))
+    return out
+
+
+# --------------------------------------------------------------------------- models and sets
+
+
+def heldout_examples(model: str, set_path: str | Path, *, limit: int | None = None) -> list[Any]:
+    """The held-out examples of ``model`` in a set (first ``limit`` episodes' worth, if given).
+
+    ``limit`` keeps whole episodes (the bootstrap resamples episodes).
+    """
+    from training.sets import load_set
+
+    ex = [e for e in load_set(set_path, split="heldout") if e.model == model]
+    if not ex:
+        raise ValueError(f"set {set_path} has no held-out {model} examples")
+    if limit is not None:
+        keep: list[str] = []
+        for e in ex:
+            if e.episode_id not in keep:
+                keep.append(e.episode_id)
+        keep = keep[:limit]
+        ex = [e for e in ex if e.episode_id in keep]
+    return ex
+
+
+def backend_for(path: str | Path, *, device: str = "cpu", batch_size: int = 8) -> VLMBackend:
+    """A transformers backend over a trained model directory (full weights or a PEFT adapter).
+
+    An adapter directory (``adapter_config.json``) is loaded over its recorded base.
+    """
+    from flora.backends.transformers_backend import TransformersBackend
+
+    p = Path(path)
+    cfg = p / "adapter_config.json"
+    if cfg.is_file():
+        base = json.loads(cfg.read_text()).get("base_model_name_or_path")
+        if not base:
+            raise ValueError(f"{cfg}: adapter without base_model_name_or_path")
+        return TransformersBackend(base, adapter_path=p, device=device, batch_size=batch_size)
+    return TransformersBackend(p, device=device, batch_size=batch_size)
+
+
+def registered_model_dir(model: str, version: int | str, dst: str | Path | None = None) -> Path:
+    """Download registered ``flora-<model>`` version ``version`` and return its model directory.
+
+    The directory is the one holding ``config.json`` or ``adapter_config.json`` inside the
+    downloaded artifacts.
+    """
+    import tempfile
+
+    import mlflow
+
+    from flora import tracking
+
+    tracking.configure()
+    name = f"flora-{model}"
+    uri = f"models:/{name}/{version}"
+    dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix=f"flora-{model}-v"))
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst)))
+    for marker in ("adapter_config.json", "config.json"):
+        hits = sorted(local.rglob(marker), key=lambda x: len(x.parts))
+        if hits:
+            return hits[0].parent
+    raise FileNotFoundError(f"{uri}: no config.json or adapter_config.json in {local}")
+
+
+def evaluate_model(
+    model: str,
+    examples: Sequence[Any],
+    backend: VLMBackend,
+    *,
+    judge: Any | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> ModelEval:
+    """Generate with ``backend`` on ``examples`` and score the answers."""
+    outputs = generate_outputs(backend, examples)
+    res = score_outputs(model, examples, outputs, judge=judge, n_boot=n_boot, seed=seed)
+    res.info.update(
+        backend=getattr(backend, "name", ""),
+        model_version=str(getattr(backend, "model_version", "")),
+        backend_errors=int((outputs["error"] != "").sum()),
+    )
+    return res
+
+
+def metric_key(name: str) -> str:
+    """MLflow-safe metric key (``@`` is not allowed): ``eval.f1_at_0.5``."""
+    return "eval." + name.replace("@", "_at_")
+
+
+def log_eval(
+    res: ModelEval,
+    *,
+    tags: dict[str, Any] | None = None,
+    run_id: str | None = None,
+    registered_version: int | str | None = None,
+) -> str:
+    """Log metrics (``eval.*`` and ``eval.*.ci_low/high``), intervals and items to MLflow.
+
+    A new run in the ``flora-<model>`` experiment (or ``run_id`` reopened), so versions are
+    compared side by side on the same keys; with ``registered_version`` the metrics are
+    also set as ``eval.*`` tags of that registry version (DESIGN §3.9).
+    """
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from flora.tracking import mlflow_run
+
+    flat = {metric_key(k): float(v) for k, v in res.metrics.items() if math.isfinite(v)}
+    for k, (lo, hi) in res.intervals.items():
+        flat[metric_key(k) + ".ci_low"] = lo
+        flat[metric_key(k) + ".ci_high"] = hi
+    t = {"flora.model": res.model, **{str(k): str(v) for k, v in (tags or {}).items()}}
+    with mlflow_run(f"eval_{res.model}", tags=t, experiment=f"flora-{res.model}",
+                    run_id=run_id) as run:  # fmt: skip
+        mlflow.log_metrics(flat)
+        mlflow.log_dict(res.to_dict(), f"eval/{res.model}.json")
+        items = res.items.copy()
+        for c in items.columns:  # lists -> JSON text, so the table logs as-is
+            if items[c].map(lambda x: isinstance(x, list)).any():
+                items[c] = items[c].map(json.dumps)
+        mlflow.log_table(items, artifact_file=f"eval/{res.model}_items.json")
+        rid = run.info.run_id
+    if registered_version is not None:
+        client = MlflowClient()
+        for k, v in flat.items():
+            client.set_model_version_tag(f"flora-{res.model}", str(registered_version), k, v)
+        client.set_model_version_tag(
+            f"flora-{res.model}", str(registered_version), "eval.run_id", rid
+        )
+    return rid
+
+
+__all__ = [
+    "EVAL_MODELS",
+    "ModelEval",
+    "backend_for",
+    "bootstrap_ci",
+    "evaluate_model",
+    "generate_outputs",
+    "heldout_examples",
+    "log_eval",
+    "metric_key",
+    "registered_model_dir",
+    "score_outputs",
+]

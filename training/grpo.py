@@ -1,0 +1,555 @@
+"""GRPO for the segmenter (``r_seg``) and the captioner (``r_cap``) — DESIGN §3.5, seed §6.
+
+One step:
+
+1. **Rollouts.** For each of ``prompts_per_step`` prompts, ``G`` completions at temperature
+   1.0 through the project's :class:`~flora.backends.base.VLMBackend` protocol — in
+   process a :class:`LivePolicyBackend` over the very module being trained; in
+   production any backend (an OpenAI-compatible vLLM pod) via ``backend_factory``.
+2. **Rewards** (:mod:`training.rewards`): the strict grammar parses each completion; an
+   unparseable one gets 0 and lowers the parse rate; the rest get ``r_seg`` against the
+   window's reference segments or ``r_cap`` from the judge against the event's
+   requirements.
+3. **Advantages** per group: ``A = (r - mean_g) / (std_g + 1e-4)`` (:func:`group_advantages`,
+   sample std). A group whose rewards are all equal (or one with a reward the judge could
+   not decide, or a rollout the backend failed) is dropped: its tokens leave both the
+   numerator and the token count, so it contributes exactly no gradient — not even
+   through the KL term.
+4. **Loss** (:func:`grpo_loss`): per completion token,
+   ``-(min(ρ A, clip(ρ, 1-ε, 1+ε) A) - β k3)`` with ``ρ = π_θ / π_old`` and the k3
+   estimator ``k3 = exp(ref - logp) - (ref - logp) - 1`` of KL(π_θ || π_ref) to the frozen
+   SFT reference; summed over every completion token of the step and divided by their
+   count (token-level normalisation over the whole step, whatever the micro-batching).
+   Log-probabilities are recomputed by the trained policy on the completion text's
+   tokenisation (:func:`completion_logprobs`), so the backend only has to return text:
+   this is what lets a remote pod generate.
+
+``π_old`` is the policy at rollout time. With one update per rollout batch
+(``inner_steps=1``, the default) ``ρ = 1`` at the update and the clip only matters for
+stale rollouts or ``inner_steps > 1``; the clipped objective is implemented and tested
+either way.
+
+Why not TRL's ``GRPOTrainer``: see ``docs/training.md`` (GRPO section).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from flora.backends.base import VLMBackend, VLMRequest, VLMResponse
+from training.rewards import Reward, caption_rewards, segment_rewards
+
+log = logging.getLogger(__name__)
+
+END = "<|im_end|>"
+GRPO_MODELS = ("segmenter", "captioner")
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-relative advantages ``(r - mean_g) / (std_g + eps)`` and a per-group validity mask.
+
+    ``rewards`` is ``(n_groups, G)``. ``std_g`` is the sample standard deviation (Bessel
+    corrected, as in DeepSeekMath/TRL). A group is invalid — advantages 0 and
+    ``valid=False`` — when all its rewards are equal (no signal: it must contribute no
+    gradient), when any reward is NaN (a judge or backend failure), or when ``G < 2``.
+    """
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be (n_groups, G), got shape {tuple(rewards.shape)}")
+    r = rewards.to(torch.float64)
+    finite = torch.isfinite(r).all(dim=1)
+    if r.shape[1] < 2:
+        return torch.zeros_like(r, dtype=torch.float32), torch.zeros(r.shape[0], dtype=torch.bool)
+    safe = torch.where(torch.isfinite(r), r, torch.zeros_like(r))
+    spread = safe.max(dim=1).values - safe.min(dim=1).values
+    valid = finite & (spread > 0)
+    mean = safe.mean(dim=1, keepdim=True)
+    std = safe.std(dim=1, unbiased=True, keepdim=True)
+    adv = (safe - mean) / (std + eps)
+    adv = torch.where(valid[:, None], adv, torch.zeros_like(adv))
+    return adv.to(torch.float32), valid
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(π_θ || π_ref): ``exp(d) - d - 1`` with ``d = ref - logp``.
+
+    Non-negative, zero where the two agree, unbiased for the KL under samples from π_θ.
+    """
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+@dataclass
+class LossParts:
+    """The step loss and what is logged with it (token means over the loss tokens)."""
+
+    loss: torch.Tensor
+    n_tokens: int
+    kl: float
+    clip_fraction: float
+    ratio_mean: float
+    objective: float
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_eps: float = 0.2,
+    beta: float = 0.02,
+    ref_logp: torch.Tensor | None = None,
+    n_tokens: int | None = None,
+) -> LossParts:
+    """Clipped-ratio GRPO loss with a k3 KL penalty, token-level normalised.
+
+    ``logp``/``old_logp``/``ref_logp``/``mask`` are ``(B, T)`` per completion token (mask 1
+    on real completion tokens of valid groups, 0 on padding and dropped groups),
+    ``advantages`` is ``(B,)`` (one per completion, broadcast over its tokens).
+    ``n_tokens`` is the denominator: the number of loss tokens of the *whole* step, so
+    micro-batches can be backpropagated one by one and their gradients add up to the
+    gradient of the step loss (default: ``mask.sum()``). ``beta = 0`` needs no reference.
+
+    A token is "clipped" when the clip removes its gradient: ``ρ > 1 + ε`` with ``A > 0``
+    or ``ρ < 1 - ε`` with ``A < 0``.
+    """
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if clip_eps <= 0:
+        raise ValueError(f"clip_eps must be > 0, got {clip_eps}")
+    if beta > 0 and ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp (the frozen SFT reference)")
+    m = mask.to(logp.dtype)
+    denom = int(m.sum().item()) if n_tokens is None else int(n_tokens)
+    a = advantages.to(logp.dtype)[:, None].expand_as(logp)
+    ratio = torch.exp(logp - old_logp.detach())
+    unclipped = ratio * a
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a
+    objective = torch.minimum(unclipped, clipped)
+    per_token = -objective
+    kl = torch.zeros_like(logp)
+    if beta > 0:
+        kl = k3_kl(logp, ref_logp.detach())  # type: ignore[union-attr]
+        per_token = per_token + beta * kl
+    if denom <= 0:
+        # Nothing to learn from in this step (every group dropped): a zero that still
+        # belongs to the graph, so callers can treat it uniformly.
+        loss = (per_token * 0.0).sum()
+    else:
+        loss = (per_token * m).sum() / denom
+    with torch.no_grad():
+        k = float(m.sum().item())
+        was_clipped = ((ratio > 1 + clip_eps) & (a > 0)) | ((ratio < 1 - clip_eps) & (a < 0))
+        stats = {
+            "kl": float((kl * m).sum() / k) if k else 0.0,
+            "clip": float((was_clipped.to(m.dtype) * m).sum() / k) if k else 0.0,
+            "ratio": float((ratio * m).sum() / k) if k else 1.0,
+            "obj": float((objective * m).sum() / k) if k else 0.0,
+        }
+    return LossParts(loss, int(k), stats["kl"], stats["clip"], stats["ratio"], stats["obj"])
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@dataclass
+class GRPOPrompt:
+    """One GRPO prompt: the request the step sends and what its reward needs.
+
+    Segmenter: ``n_ticks`` and ``reference`` (the window's ``LocalSegment`` list with
+    flags). Captioner: ``requirements`` (the event's reference requirements).
+    """
+
+    model: str
+    request: VLMRequest
+    prompt_id: str
+    n_ticks: int = 0
+    reference: list[Any] = field(default_factory=list)
+    requirements: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.model not in GRPO_MODELS:
+            raise ValueError(
+                f"GRPO prompt {self.prompt_id}: model {self.model!r} not in {GRPO_MODELS} "
+                "(no RL for the rewarder)"
+            )
+        if self.model == "segmenter" and self.n_ticks <= 0:
+            raise ValueError(f"GRPO prompt {self.prompt_id}: segmenter prompt needs n_ticks > 0")
+
+
+def score_completions(
+    prompt: GRPOPrompt, texts: Sequence[str], judge: Any | None = None
+) -> list[Reward]:
+    """Rewards of one prompt's completions (0 for unparseable; NaN if the judge failed)."""
+    if prompt.model == "segmenter":
+        n = len(texts)
+        return segment_rewards(texts, [prompt.n_ticks] * n, [prompt.reference] * n)
+    if judge is None:
+        raise ValueError("captioner rewards need a judge")
+    return caption_rewards(texts, [prompt.requirements] * len(texts), judge)
+
+
+# --------------------------------------------------------------------------- rollouts
+
+
+def rollout_requests(prompt: GRPOPrompt, group_size: int, temperature: float,
+                     max_new_tokens: int) -> list[VLMRequest]:  # fmt: skip
+    """``G`` copies of the prompt's request, sampled at ``temperature`` (ids ``…#g<j>``)."""
+    base = prompt.request
+    return [
+        replace(
+            base,
+            temperature=float(temperature),
+            max_new_tokens=int(max_new_tokens),
+            top_logprobs=0,
+            request_id=f"{base.request_id or prompt.prompt_id}#g{j}",
+        )
+        for j in range(group_size)
+    ]
+
+
+def generate_groups(
+    backend: VLMBackend,
+    prompts: Sequence[GRPOPrompt],
+    group_size: int,
+    temperature: float,
+    max_new_tokens: int,
+) -> list[list[VLMResponse]]:
+    """One batched backend call for every completion of every prompt, regrouped per prompt."""
+    reqs = [
+        r for p in prompts for r in rollout_requests(p, group_size, temperature, max_new_tokens)
+    ]
+    resps = backend.generate(reqs)
+    if len(resps) != len(reqs):
+        raise RuntimeError(f"backend {backend.name} returned {len(resps)} for {len(reqs)} requests")
+    return [resps[i * group_size : (i + 1) * group_size] for i in range(len(prompts))]
+
+
+class LivePolicyBackend:
+    """The in-process rollout backend: the transformers backend over the live policy module.
+
+    It reuses :class:`flora.backends.transformers_backend.TransformersBackend`'s batching,
+    sampling and EOS handling on the module being trained (no reload, no copy), so rollouts
+    always come from the current weights. The module is put in eval mode for generation
+    and returned to its previous mode afterwards.
+    """
+
+    name = "transformers-live"
+
+    def __init__(self, model: torch.nn.Module, processor: Any, *, batch_size: int = 16,
+                 seed: int | None = None) -> None:  # fmt: skip
+        from flora.backends.transformers_backend import TransformersBackend
+
+        inner = TransformersBackend.__new__(TransformersBackend)
+        inner.model_path = "<live policy>"
+        inner.adapter_path = None
+        inner.processor = processor
+        inner.tokenizer = processor.tokenizer
+        inner.vision_input = "images"
+        p = next(model.parameters())
+        inner.device, inner.dtype = p.device, p.dtype
+        inner.batch_size = batch_size
+        inner.seed = None
+        inner.show_progress = False
+        tok = processor.tokenizer
+        eos = [tok.convert_tokens_to_ids(END)]
+        gc = getattr(model, "generation_config", None)
+        extra = getattr(gc, "eos_token_id", None) if gc is not None else None
+        for e in extra if isinstance(extra, list) else [extra]:
+            if e is not None and int(e) not in eos:
+                eos.append(int(e))
+        inner.eos_ids = eos
+        inner.pad_id = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+        inner.model = model
+        inner.model_version = "live"
+        self._inner = inner
+        self._gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.model_version = "live"
+
+    def generate(self, requests: Sequence[VLMRequest]) -> list[VLMResponse]:
+        """Sample from the current weights (seeded per call when a seed was given)."""
+        model = self._inner.model
+        was_training = model.training
+        model.eval()
+        try:
+            if self._gen is not None:
+                torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=self._gen)))
+            return self._inner.generate(requests)
+        finally:
+            model.train(was_training)
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+@dataclass
+class EncodedGroup:
+    """Model inputs for one prompt and its completions (right-padded completions)."""
+
+    inputs: dict[str, torch.Tensor]
+    prompt_len: int
+    completion_ids: torch.Tensor  # (G, Tc), padded with 0
+    completion_mask: torch.Tensor  # (G, Tc), 1 on real tokens (incl. the final <|im_end|>)
+
+
+def encode_group(processor: Any, request: VLMRequest, completions: Sequence[str]) -> EncodedGroup:
+    """Tokenise one prompt (the backends' own chat path, stamped images) and ``G`` completions.
+
+    The prompt goes through ``request_to_chat`` / ``render_prompt`` and the processor exactly
+    as the transformers backend and SFT do; each completion is tokenised on its own and
+    followed by ``<|im_end|>`` (the stop token is part of the action). Sequences are the
+    prompt ids followed by the completion ids, right-padded: every row shares the prompt,
+    so no left padding shifts positions.
+    """
+    from flora.backends.processing import render_prompt, request_to_chat
+
+    chat = request_to_chat(request, "images")
+    text = render_prompt(processor, chat)
+    imgs = chat.images()
+    enc = processor(text=[text], images=imgs or None, return_tensors="pt")
+    enc.pop("token_type_ids", None)
+    tok = processor.tokenizer
+    end_id = tok.convert_tokens_to_ids(END)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else end_id
+    comp = [tok(c, add_special_tokens=False)["input_ids"] + [end_id] for c in completions]
+    g = len(comp)
+    tc = max(len(c) for c in comp)
+    ids = torch.full((g, tc), pad_id, dtype=torch.long)
+    cmask = torch.zeros((g, tc), dtype=torch.long)
+    for i, c in enumerate(comp):
+        ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        cmask[i, : len(c)] = 1
+    p_ids = enc["input_ids"]
+    plen = p_ids.shape[1]
+    inputs: dict[str, torch.Tensor] = {
+        "input_ids": torch.cat([p_ids.expand(g, -1), ids], dim=1),
+        "attention_mask": torch.cat([enc["attention_mask"].expand(g, -1), cmask], dim=1),
+    }
+    if "mm_token_type_ids" in enc:
+        mm = enc["mm_token_type_ids"]
+        inputs["mm_token_type_ids"] = torch.cat(
+            [mm.expand(g, -1), torch.zeros((g, tc), dtype=mm.dtype)], dim=1
+        )
+    if imgs:
+        inputs["pixel_values"] = enc["pixel_values"].repeat(g, 1)
+        inputs["image_grid_thw"] = enc["image_grid_thw"].repeat(g, 1)
+    return EncodedGroup(inputs, plen, ids * cmask, cmask)
+
+
+def completion_logprobs(model: torch.nn.Module, group: EncodedGroup) -> torch.Tensor:
+    """``(G, Tc)`` log-probabilities of each completion token under ``model`` (0 on padding).
+
+    Raw distribution (log-softmax of the logits, temperature 1): the same quantity the
+    backends report.
+    """
+    dev = next(model.parameters()).device
+    inputs = {k: v.to(dev) for k, v in group.inputs.items()}
+    out = model(**inputs, use_cache=False)
+    p = group.prompt_len
+    # Logits at position t predict token t+1: the completion starts at index p.
+    logits = out.logits[:, p - 1 : -1, :].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    ids = group.completion_ids.to(dev)
+    tok_lp = lp.gather(-1, ids[..., None]).squeeze(-1)
+    return tok_lp * group.completion_mask.to(dev).to(tok_lp.dtype)
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass
+class GRPOConfig:
+    """GRPO settings (DESIGN §3.5 defaults); :meth:`from_recipe` reads a recipe's grpo section."""
+
+    group_size: int = 8
+    temperature: float = 1.0
+    clip_eps: float = 0.2
+    beta: float = 0.02
+    adv_eps: float = 1e-4
+    lr: float = 1e-5
+    max_steps: int = 50
+    prompts_per_step: int = 4
+    max_new_tokens: int = 128
+    judge: str = "embedding"
+    inner_steps: int = 1  # updates per rollout batch (μ); >1 makes the clip bite
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    zero_stage: int = 2
+
+    @classmethod
+    def from_recipe(cls, recipe: Any, **overrides: Any) -> GRPOConfig:
+        """From a :class:`training.recipe.Recipe` (its ``grpo`` section, seed, clipping, ZeRO)."""
+        g = getattr(recipe, "grpo", None)
+        if g is None:
+            raise ValueError(
+                f"recipe {getattr(recipe, 'model', '?')}-{getattr(recipe, 'size', '?')} has no "
+                "grpo section (no RL for the rewarder)"
+            )
+        kw: dict[str, Any] = {
+            "group_size": g.group_size,
+            "temperature": g.temperature,
+            "clip_eps": g.clip_eps,
+            "beta": g.beta,
+            "adv_eps": g.adv_eps,
+            "lr": g.lr,
+            "max_steps": g.max_steps,
+            "prompts_per_step": g.prompts_per_step,
+            "max_new_tokens": g.max_new_tokens,
+            "judge": g.judge,
+            "max_grad_norm": getattr(recipe, "max_grad_norm", 1.0),
+            "seed": getattr(recipe, "seed", 0),
+            "zero_stage": getattr(recipe, "zero_stage", 2),
+        }
+        kw.update(overrides)
+        return cls(**kw)
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2 (a group of one has no relative signal)")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0 for rollouts")
+        if self.beta < 0 or self.clip_eps <= 0:
+            raise ValueError("beta must be >= 0 and clip_eps > 0")
+        if self.inner_steps < 1 or self.prompts_per_step < 1 or self.max_steps < 1:
+            raise ValueError("inner_steps, prompts_per_step and max_steps must be >= 1")
+
+
+# --------------------------------------------------------------------------- one step
+
+
+@dataclass
+class StepStats:
+    """What one GRPO step logs (MLflow ``grpo.*``)."""
+
+    step: int
+    reward_mean: float
+    reward_std: float
+    parse_rate: float
+    loss: float
+    kl: float
+    clip_fraction: float
+    valid_groups: int
+    groups: int
+    tokens: int
+    failed_completions: int
+    seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        d = asdict(self)
+        d.pop("step")
+        return {f"grpo.{k}": float(v) for k, v in d.items()}
+
+
+def _stack_rewards(groups: Sequence[Sequence[Reward]]) -> torch.Tensor:
+    return torch.tensor([[r.value for r in g] for g in groups], dtype=torch.float64)
+
+
+def grpo_step(
+    step: int,
+    policy: torch.nn.Module,
+    processor: Any,
+    prompts: Sequence[GRPOPrompt],
+    backend: VLMBackend,
+    cfg: GRPOConfig,
+    *,
+    judge: Any | None,
+    reference: torch.nn.Module | None,
+    backward: Callable[[torch.Tensor], None],
+    update: Callable[[], None],
+) -> StepStats:
+    """Rollouts, rewards, advantages and ``cfg.inner_steps`` updates on ``prompts``.
+
+    ``backward(loss)`` backpropagates one micro-batch (one group) and ``update()`` applies
+    the accumulated gradient (DeepSpeed engine or plain optimizer). Each micro-batch loss
+    is divided by the step's total loss-token count, so the accumulated gradient is that
+    of the token-normalised step loss.
+    """
+    t0 = time.perf_counter()
+    resp_groups = generate_groups(
+        backend, prompts, cfg.group_size, cfg.temperature, cfg.max_new_tokens
+    )
+    reward_groups: list[list[Reward]] = []
+    texts: list[list[str]] = []
+    failed = 0
+    for p, resps in zip(prompts, resp_groups, strict=True):
+        tx = [r.text if r.ok else "" for r in resps]
+        rw = score_completions(p, tx, judge)
+        # A transport failure is the pod's, not the policy's: NaN drops the group.
+        rw = [w if r.ok else Reward(math.nan, False, f"backend: {r.error}")
+              for w, r in zip(rw, resps, strict=True)]  # fmt: skip
+        failed += sum(not r.ok for r in resps)
+        reward_groups.append(rw)
+        texts.append(tx)
+    R = _stack_rewards(reward_groups)
+    adv, valid = group_advantages(R, cfg.adv_eps)
+    flat = [r for g in reward_groups for r in g if not math.isnan(r.value)]
+    parsed = [r.parsed for g in reward_groups for r in g if not r.reason.startswith("backend:")]
+    vals = np.array([r.value for r in flat], dtype=float)
+
+    encoded = [
+        encode_group(processor, p.request, tx) if bool(valid[i]) else None
+        for i, (p, tx) in enumerate(zip(prompts, texts, strict=True))
+    ]
+    n_tokens = int(sum(int(e.completion_mask.sum()) for e in encoded if e is not None))
+    old: list[torch.Tensor | None] = [None] * len(prompts)
+    ref: list[torch.Tensor | None] = [None] * len(prompts)
+    with torch.no_grad():
+        for i, e in enumerate(encoded):
+            if e is None:
+                continue
+            if cfg.inner_steps > 1:
+                old[i] = completion_logprobs(policy, e)
+            if cfg.beta > 0:
+                assert reference is not None
+                ref[i] = completion_logprobs(reference, e)
+
+    loss_sum = kl_sum = clip_sum = 0.0
+    k_sum = 0
+    for _ in range(cfg.inner_steps):
+        for i, e in enumerate(encoded):
+            if e is None:
+                continue
+            logp = completion_logprobs(policy, e)
+            parts = grpo_loss(
+                logp,
+                old[i] if old[i] is not None else logp.detach(),
+                adv[i],
+                e.completion_mask,
+                clip_eps=cfg.clip_eps,
+                beta=cfg.beta,
+                ref_logp=ref[i],
+                n_tokens=n_tokens,
+            )
+            backward(parts.loss)
+            loss_sum += float(parts.loss.detach())
+            kl_sum += parts.kl * parts.n_tokens
+            clip_sum += parts.clip_fraction * parts.n_tokens
+            k_sum += parts.n_tokens
+        if n_tokens > 0:
+            update()
+    k = max(k_sum, 1)
+    return StepStats(
+        step=step,
+        reward_mean=float(vals.mean()) if len(vals) else math.nan,
+        reward_std=float(vals.std()) if len(vals) else math.nan,
+        parse_rate=float(np.mean(parsed)) if parsed else math.nan,
+        loss=loss_sum / cfg.inner_steps,
+        kl=kl_sum / k,
+        clip_fraction=clip_sum / k,
+        valid_groups=int(valid.sum()),
+        groups=len(prompts),
+        tokens=n_tokens,
+        failed_completions=failed,
+        seconds=time.perf_counter() - t0,
+    )
