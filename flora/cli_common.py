@@ -240,6 +240,38 @@ def step_exit_code(*, rows: int, failed: int, strict: bool = False, valid: bool 
     return EXIT_FAILED if strict else EXIT_PARTIAL
 
 
+def failure_dicts(failures: Iterable[Any]) -> list[dict[str, Any]]:
+    """Recorded failures (``flora.tables.Failure``) as JSON-ready dicts."""
+    return [
+        {k: getattr(f, k, None) for k in ("table", "episode_id", "item", "reason")}
+        for f in failures
+    ]
+
+
+def step_payload(
+    *,
+    table: str,
+    table_dir: Path | str,
+    run_id: str,
+    rows: int,
+    processed: Sequence[str],
+    skipped: Sequence[str],
+    failures: Sequence[Any],
+    validation: Any = None,
+) -> dict[str, Any]:
+    """The common JSON report of a step command (what ``--json`` writes)."""
+    return {
+        "table": table,
+        "table_dir": str(table_dir),
+        "run_id": run_id,
+        "rows": int(rows),
+        "processed": list(processed),
+        "skipped": list(skipped),
+        "failures": failure_dicts(failures),
+        "validation": validation.to_dict() if hasattr(validation, "to_dict") else None,
+    }
+
+
 def status_line(code: int, *, rows: int, failed: int, valid: bool = True) -> str:
     """A human sentence that explains ``code`` (printed on stderr by ``finish_step``)."""
     if not valid:
@@ -410,6 +442,7 @@ __all__ = [
     "debug_enabled",
     "dumps",
     "echo_failures",
+    "failure_dicts",
     "finish_step",
     "make_backend_or_usage_error",
     "make_plain",
@@ -422,4 +455,5 @@ __all__ = [
     "settings_with_backend",
     "status_line",
     "step_exit_code",
+    "step_payload",
 ]
