@@ -1,0 +1,1 @@
+"""flora.export: LeRobot v3.0 export carrying the engine's annotations."""

@@ -1,0 +1,45 @@
+"""``flora export lerobot DATASET --out DIR``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer, eval_app: typer.Typer) -> None:
+    """Add ``flora export …`` to ``app``."""
+    export_app = typer.Typer(help="Export datasets with the engine's annotations.",
+                             no_args_is_help=True)  # fmt: skip
+    app.add_typer(export_app, name="export")
+
+    @export_app.command("lerobot")
+    def lerobot_cmd(
+        dataset: Annotated[Path, typer.Argument(help="Source LeRobot v3.0 dataset root.")],
+        out: Annotated[Path | None, typer.Option(help="Target folder.")] = None,
+        tables: Annotated[
+            Path | None, typer.Option(help="Engine tables root (default: FLORA_HOME/outputs).")
+        ] = None,
+        mixture: Annotated[Path | None, typer.Option(help="Curated mixture Parquet.")] = None,
+        overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
+        in_place: Annotated[bool, typer.Option(help="Modify the source dataset.")] = False,
+    ) -> None:
+        """LeRobot v3.0 with ``language_persistent`` events and ``flora_annotations/``."""
+        from flora.export.lerobot import export_lerobot
+        from flora.settings import get_settings
+
+        if out is None and not in_place:
+            raise typer.BadParameter("pass --out DIR (or --in-place)", param_hint="--out")
+        src = tables or get_settings().outputs_dir
+        if mixture is None:
+            cand = src / "mixture" / f"{dataset.resolve().name}.parquet"
+            mixture = cand if cand.exists() else None
+        try:
+            res = export_lerobot(dataset, src, out, mixture=mixture, overwrite=overwrite,
+                                 in_place=in_place)  # fmt: skip
+        except (FileExistsError, ValueError) as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from e
+        typer.echo(json.dumps(res.to_dict(), indent=1))

@@ -1,0 +1,148 @@
+"""LeRobot export: schema of ``language_persistent`` (DESIGN §3.8), round trip, refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+
+@pytest.fixture(scope="module")
+def oracle_tables(tiny_dataset, tmp_path_factory):
+    from flora.curate.oracle import write_oracle_tables
+
+    out = tmp_path_factory.mktemp("oracle_tables")
+    write_oracle_tables(tiny_dataset, out, "run-gt")
+    return out
+
+
+def _tree(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}  # fmt: skip
+
+
+def test_export_schema_round_trip_and_source_untouched(tiny_dataset, oracle_tables, tmp_path):
+    from flora.data import open_dataset
+    from flora.data.ground_truth import load_ground_truth
+    from flora.export.lerobot import (
+        LANGUAGE_PERSISTENT,
+        events_from_language,
+        export_lerobot,
+        read_annotations,
+        read_language,
+    )
+
+    before = _tree(tiny_dataset)
+    out = tmp_path / "export"
+    res = export_lerobot(tiny_dataset, oracle_tables, out)
+    assert _tree(tiny_dataset) == before  # the source is never modified
+    gt = load_ground_truth(tiny_dataset)
+    assert res.episodes == 3 and res.events == len(gt.tables["events"])
+
+    # info.json declares the column as LeRobot 0.6 does.
+    info = json.loads((out / "meta" / "info.json").read_text())
+    assert info["features"][LANGUAGE_PERSISTENT] == {"dtype": "language", "shape": [1],
+                                                     "names": None}  # fmt: skip
+    # Arrow schema: list<struct<role!, content, style, timestamp! float32, camera, tool_calls>>.
+    for p in sorted((out / "data").rglob("*.parquet")):
+        t = pq.read_table(p).schema.field(LANGUAGE_PERSISTENT).type
+        st = t.value_type
+        assert [f.name for f in st] == ["role", "content", "style", "timestamp", "camera",
+                                        "tool_calls"]  # fmt: skip
+        assert str(st.field("timestamp").type) == "float" and not st.field("timestamp").nullable
+        assert not st.field("role").nullable and st.field("camera").nullable
+        assert "json" in str(st.field("tool_calls").type.value_type)
+
+    # One struct per event, identical on every frame of the episode.
+    lang = read_language(out)
+    for i in range(3):
+        ref = gt.events(i)
+        rows = lang[i]
+        assert [r["content"] for r in rows] == [e.caption for e in ref]
+        assert {(r["role"], r["style"], r["camera"]) for r in rows} == {("assistant", "subtask",
+                                                                          None)}  # fmt: skip
+        assert np.allclose([r["timestamp"] for r in rows], [e.start_us / 1e6 for e in ref])
+    df = pq.read_table(sorted((out / "data").rglob("*.parquet"))[0]).to_pandas()
+    ep0 = df[df.episode_index == 0][LANGUAGE_PERSISTENT]
+    assert len(ep0) > 1 and all(list(x) == list(ep0.iloc[0]) for x in ep0)
+
+    # The project's reader sees the same episodes and frames; annotations come back.
+    a, b = open_dataset(tiny_dataset), open_dataset(out)
+    assert a.episode_indices() == b.episode_indices() and b.format == "lerobot_v3.0"
+    for i in a.episode_indices():
+        ea, eb = a.episode(i), b.episode(i)
+        assert (ea.task, ea.duration_us) == (eb.task, eb.duration_us)
+        assert np.array_equal(ea.timestamps_us, eb.timestamps_us)
+        assert np.array_equal(ea.action, eb.action) and np.array_equal(ea.state, eb.state)
+    from flora.data.frames import sample_frames
+
+    cam_a, cam_b = a.episode(1).camera_by_role("main"), b.episode(1).camera_by_role("main")
+    fa = sample_frames(cam_a, [0, 1_000_000])
+    fb = sample_frames(cam_b, [0, 1_000_000])
+    assert all(np.array_equal(x.image, y.image) for x, y in zip(fa, fb, strict=True))
+    evs = events_from_language(b.name, lang, fps=b.fps)
+    ref = gt.tables["events"].sort_values(["episode_index", "start_us"])
+    assert list(evs.start_us) == list(ref.start_us) and list(evs.caption) == list(ref.caption)
+    ann = read_annotations(out)
+    assert set(ann) >= {"events", "captions", "outcome", "dense_labels"}
+    src_out = pd.concat(pd.read_parquet(p) for p in sorted((oracle_tables / "outcome").glob(
+        "*.parquet")))  # fmt: skip
+    assert sorted(ann["outcome"].reward) == sorted(src_out.reward)  # rewards included
+    assert len(ann["dense_labels"]) == len(gt.tables["dense"])
+
+
+def test_existing_target_refused_unless_overwrite(tiny_dataset, oracle_tables, tmp_path):
+    from flora.export.lerobot import export_lerobot
+
+    out = tmp_path / "exists"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        export_lerobot(tiny_dataset, oracle_tables, out)
+    assert (out / "keep.txt").read_text() == "mine"  # nothing touched
+    with pytest.raises(ValueError, match="in-place"):
+        export_lerobot(tiny_dataset, oracle_tables, tiny_dataset / "sub")
+    res = export_lerobot(tiny_dataset, oracle_tables, out, overwrite=True)
+    assert not (out / "keep.txt").exists() and res.frames > 0
+    assert not list(tmp_path.glob(".exists.export-*"))  # no temp folder left
+
+
+def test_in_place_and_episode_without_events(tiny_dataset, tmp_path):
+    """--in-place adds the column to the source; an episode with no events gets []."""
+    from flora.curate.oracle import write_oracle_tables
+    from flora.export.lerobot import export_lerobot, read_language
+
+    src = tmp_path / tiny_dataset.name
+    shutil.copytree(tiny_dataset, src)
+    tables = tmp_path / "t"
+    write_oracle_tables(src, tables)
+    shutil.rmtree(tables / "captions")
+    from flora.tables import TableStore
+
+    TableStore(tables)._part("events", f"{src.name}/000001").unlink()  # segment step failed
+    res = export_lerobot(src, tables, in_place=True)
+    assert res.root == src.resolve() and res.episodes_without_events == [1]
+    lang = read_language(src)
+    assert lang[1] == [] and len(lang[0]) > 0
+    assert (src / "flora_annotations" / "manifest.json").exists()
+
+
+def test_cli_export_refuses_existing_target(tiny_dataset, oracle_tables, tmp_path):
+    from typer.testing import CliRunner
+
+    from flora.cli import app
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "x").write_text("1")
+    r = CliRunner().invoke(app, ["export", "lerobot", str(tiny_dataset), "--out", str(out),
+                                 "--tables", str(oracle_tables)])  # fmt: skip
+    assert r.exit_code == 1 and "exists" in r.output
+    r = CliRunner().invoke(app, ["export", "lerobot", str(tiny_dataset), "--out", str(out),
+                                 "--tables", str(oracle_tables), "--overwrite"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["episodes"] == 3
