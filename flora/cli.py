@@ -32,6 +32,9 @@ def _register() -> None:
         "flora.reward.cli",
         "flora.policy.cli",
         "flora.backends.cli",
+        "flora.curate.cli",
+        "flora.export.cli",
+        "flora.report.cli",
     ):
         try:
             m = importlib.import_module(mod)
