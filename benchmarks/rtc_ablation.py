@@ -4,7 +4,7 @@ in ``flora policy bench`` (see docs/benchmarks.md, "Policy / RTC").
 Reduced protocol (time box on a shared 2-core CPU): same demos (3,000 expert episodes,
 seed as the bench), same network and optimiser, but 16 epochs with the RTC branches
 fine-tuned for the last 4 (the bench: 32 / 8); evaluation at d = 2, 3, 4 with ``--rollouts``
-(1,024) seeded episodes per point.
+(2,048, as reported in docs/benchmarks.md) seeded episodes per point.
 
 Arms (all branch from the same epoch-12 snapshot, equal compute):
 
@@ -180,10 +180,13 @@ def paired_diff(a: list[int], b: list[int]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
+PREREG_PATH = Path(__file__).resolve().parents[1] / "docs" / "results" / "rtc_ablation_prereg.md"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="/tmp/rtc_ablation")
-    ap.add_argument("--rollouts", type=int, default=1024)
+    ap.add_argument("--out", default="docs/results/rtc_ablation")
+    ap.add_argument("--rollouts", type=int, default=2048)
     ap.add_argument("--epochs", type=int, default=16)
     ap.add_argument("--rtc-epochs", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2)
@@ -198,6 +201,8 @@ def main() -> None:
     torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    # The pre-registration travels with the outputs and is written before anything runs.
+    (out / "prereg.md").write_text(PREREG_PATH.read_text())
     t0 = time.time()
     cfg = BenchConfig(
         epochs=a.epochs,

@@ -21,6 +21,7 @@ rest of the dataset is used.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -76,6 +77,11 @@ class PolicyTrainConfig:
     run_id: str | None = None  # reopen a pipeline's MLflow run
     experiment: str | None = None
     progress: bool = True
+    # Step-counted training (a recipe such as "real-robot": 8,000 steps); when set, the
+    # epoch count is derived from it and training stops at exactly this many steps.
+    max_steps: int | None = None
+    denoise_steps: int = 5  # Euler steps when the trained policy is evaluated / served
+    recipe: str | None = None  # name of the recipe this config came from (logged)
 
     def __post_init__(self) -> None:
         self.dataset = Path(self.dataset)
@@ -87,6 +93,10 @@ class PolicyTrainConfig:
             raise ValueError(f"need 1 <= max_delay < horizon, got {self.max_delay}")
         if self.rtc_epochs is not None and not 0 <= self.rtc_epochs <= self.epochs:
             raise ValueError("rtc_epochs must lie in [0, epochs]")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.denoise_steps < 1:
+            raise ValueError(f"denoise_steps must be >= 1, got {self.denoise_steps}")
 
     def delays(self) -> rtc.DelayDistribution:
         """The training delay distribution."""
@@ -368,7 +378,13 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         device = get_settings().device
     else:
         device = cfg.device
+    if cfg.max_steps is not None:
+        per_epoch = max(1, len(data.train) // min(cfg.batch_size, len(data.train)))
+        cfg.epochs = max(1, math.ceil(cfg.max_steps / per_epoch))
+        if cfg.rtc_epochs is not None:
+            cfg.rtc_epochs = min(cfg.rtc_epochs, cfg.epochs)
     tc = TrainConfig(
+        max_steps=cfg.max_steps,
         total_epochs=cfg.epochs,
         batch_size=min(cfg.batch_size, len(data.train)),
         lr=cfg.lr,
@@ -456,6 +472,9 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
                         "max_delay": cfg.max_delay,
                         "lr": cfg.lr,
                         "batch_size": tc.batch_size,
+                        "max_steps": cfg.max_steps,
+                        "denoise_steps": cfg.denoise_steps,
+                        "recipe": cfg.recipe or "custom",
                         "dataset": str(cfg.dataset),
                         "captions": str(cfg.events) if cfg.events else "task",
                     }.items()

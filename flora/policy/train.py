@@ -59,6 +59,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     device: str = "cpu"  # "cpu", "cuda", "cuda:1", or "auto" (cuda when available)
+    max_steps: int | None = None  # stop after this many optimiser steps (recipes count steps)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -138,6 +139,8 @@ def train_epochs(
         it = range(steps_per_epoch)
         bar = tqdm(it, desc=f"{desc} epoch {state.epoch + 1}", leave=False, disable=not progress)
         for b in bar:
+            if train.max_steps is not None and state.step >= train.max_steps:
+                break
             idx = perm[b * train.batch_size : (b + 1) * train.batch_size]
             obs, chunk = data.batch(idx)
             dev = next(model.parameters()).device
