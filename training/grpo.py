@@ -34,11 +34,14 @@ Why not TRL's ``GRPOTrainer``: see ``docs/training.md`` (GRPO section).
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -467,14 +470,21 @@ def grpo_step(
     reference: torch.nn.Module | None,
     backward: Callable[[torch.Tensor], None],
     update: Callable[[], None],
+    zero_backward: Callable[[], None] | None = None,
+    all_sum: Callable[[float], float] | None = None,
+    forward: Any | None = None,
 ) -> StepStats:
     """Rollouts, rewards, advantages and ``cfg.inner_steps`` updates on ``prompts``.
 
     ``backward(loss)`` backpropagates one micro-batch (one group) and ``update()`` applies
     the accumulated gradient (DeepSpeed engine or plain optimizer). Each micro-batch loss
-    is divided by the step's total loss-token count, so the accumulated gradient is that
-    of the token-normalised step loss.
+    is divided by the step's total loss-token count (summed over ranks by ``all_sum``), so
+    the accumulated gradient is that of the token-normalised step loss. A dropped group
+    calls ``zero_backward()`` instead (ranks then run the same number of reductions).
+    ``forward`` computes the policy's log-probs (the DeepSpeed engine; default ``policy``).
+    When no rank has a loss token the step makes no update at all.
     """
+    fwd = forward if forward is not None else policy
     t0 = time.perf_counter()
     resp_groups = generate_groups(
         backend, prompts, cfg.group_size, cfg.temperature, cfg.max_new_tokens
@@ -502,6 +512,8 @@ def grpo_step(
         for i, (p, tx) in enumerate(zip(prompts, texts, strict=True))
     ]
     n_tokens = int(sum(int(e.completion_mask.sum()) for e in encoded if e is not None))
+    if all_sum is not None:
+        n_tokens = int(round(all_sum(float(n_tokens))))
     old: list[torch.Tensor | None] = [None] * len(prompts)
     ref: list[torch.Tensor | None] = [None] * len(prompts)
     with torch.no_grad():
@@ -509,18 +521,20 @@ def grpo_step(
             if e is None:
                 continue
             if cfg.inner_steps > 1:
-                old[i] = completion_logprobs(policy, e)
+                old[i] = completion_logprobs(fwd, e)
             if cfg.beta > 0:
                 assert reference is not None
                 ref[i] = completion_logprobs(reference, e)
 
     loss_sum = kl_sum = clip_sum = 0.0
     k_sum = 0
-    for _ in range(cfg.inner_steps):
+    for _ in range(cfg.inner_steps if n_tokens > 0 else 0):
         for i, e in enumerate(encoded):
             if e is None:
+                if zero_backward is not None:
+                    zero_backward()
                 continue
-            logp = completion_logprobs(policy, e)
+            logp = completion_logprobs(fwd, e)
             parts = grpo_loss(
                 logp,
                 old[i] if old[i] is not None else logp.detach(),
@@ -536,15 +550,14 @@ def grpo_step(
             kl_sum += parts.kl * parts.n_tokens
             clip_sum += parts.clip_fraction * parts.n_tokens
             k_sum += parts.n_tokens
-        if n_tokens > 0:
-            update()
+        update()
     k = max(k_sum, 1)
     return StepStats(
         step=step,
         reward_mean=float(vals.mean()) if len(vals) else math.nan,
         reward_std=float(vals.std()) if len(vals) else math.nan,
         parse_rate=float(np.mean(parsed)) if parsed else math.nan,
-        loss=loss_sum / cfg.inner_steps,
+        loss=loss_sum / max(cfg.inner_steps, 1),
         kl=kl_sum / k,
         clip_fraction=clip_sum / k,
         valid_groups=int(valid.sum()),
@@ -553,3 +566,349 @@ def grpo_step(
         failed_completions=failed,
         seconds=time.perf_counter() - t0,
     )
+
+
+# --------------------------------------------------------------------------- prompt sets
+
+
+def prompts_from_examples(examples: Sequence[Any]) -> list[GRPOPrompt]:
+    """GRPO prompts from set examples (:class:`training.sets.Example`; GRPO or SFT purpose).
+
+    The request is :meth:`Example.to_request` (the inference step's own request); the
+    reward inputs come from the example's ``reference`` JSON: ``n_ticks`` + ``segments``
+    for the segmenter, ``requirements`` for the captioner.
+    """
+    from training.rewards import as_local_segments
+
+    out: list[GRPOPrompt] = []
+    for ex in examples:
+        ref = ex.reference_obj()
+        try:
+            if ex.model == "segmenter":
+                p = GRPOPrompt("segmenter", ex.to_request(), ex.example_id,
+                               n_ticks=int(ref["n_ticks"]),
+                               reference=as_local_segments(ref["segments"]))  # fmt: skip
+            elif ex.model == "captioner":
+                p = GRPOPrompt("captioner", ex.to_request(), ex.example_id,
+                               requirements=list(ref["requirements"]))  # fmt: skip
+            else:
+                raise ValueError(f"no GRPO for {ex.model!r} (no RL for the rewarder)")
+        except (KeyError, TypeError) as e:
+            raise ValueError(
+                f"example {ex.example_id} (episode {ex.episode_id}): reference lacks what the "
+                f"reward needs: {e}"
+            ) from e
+        out.append(p)
+    return out
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+@dataclass
+class GRPOResult:
+    """What :func:`train_grpo` produced."""
+
+    model: str
+    output_dir: Path
+    model_dir: Path
+    steps: int
+    history: list[dict[str, float]]
+    run_id: str | None = None
+    registered_version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["output_dir"], d["model_dir"] = str(self.output_dir), str(self.model_dir)
+        return d
+
+
+def load_policy(
+    sft_model_dir: str | Path, recipe: Any, lr: float
+) -> tuple[torch.nn.Module, Any, list[dict[str, Any]], Path, str]:
+    """The SFT model as a trainable policy: (module, processor, param groups, base dir, base id).
+
+    A LoRA export (segmenter) keeps training *its* adapter (``is_trainable=True``); a full
+    export gets the recipe's trainable parts (:func:`training.sft.apply_trainable`), with
+    the GRPO learning rate (the vision group keeps its ratio to the main rate).
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    from flora.backends.processing import load_processor
+    from training.sft import apply_trainable, check_processor, model_paths, verify_model_dir
+
+    man = verify_model_dir(sft_model_dir)
+    if man.get("model") != recipe.model:
+        raise ValueError(
+            f"{sft_model_dir} is a {man.get('model')!r} model, the recipe trains {recipe.model!r}"
+        )
+    path, adapter = model_paths(sft_model_dir)
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    processor = load_processor(path, "images")
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype)
+    check_processor(processor, model, str(path))
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+        params = [p for n, p in model.named_parameters() if p.requires_grad]
+        groups = [{"name": "main", "params": params, "lr": lr}]
+    else:
+        model, groups = apply_trainable(model, recipe)
+        for g in groups:
+            g["lr"] = lr * (g["lr"] / recipe.lr)
+    return model, processor, groups, Path(path), str(man.get("base_id", man.get("base", "")))
+
+
+def build_engine(
+    model: torch.nn.Module, groups: Sequence[dict[str, Any]], recipe: Any, cfg: GRPOConfig,
+    world: int,
+) -> Any:  # fmt: skip
+    """The DeepSpeed engine of a GRPO run: the SFT trainer's ZeRO config, unmanaged accumulation.
+
+    :func:`training.sft.deepspeed_config` with one-example micro-batches and the GRPO
+    gradient clipping, plus ``managed_gradient_accumulation: false`` so that ``step()``
+    is the accumulation boundary whatever number of groups were backpropagated (the
+    number of valid groups varies per step). A client torch AdamW (no JIT-built ops).
+    Call :func:`training.sft.init_distributed` first.
+    """
+    import deepspeed
+
+    from training.sft import deepspeed_config
+
+    optimizer = torch.optim.AdamW(
+        [{"params": g["params"], "lr": g["lr"]} for g in groups], lr=cfg.lr, weight_decay=0.0
+    )
+    step_recipe = recipe.model_copy(update={"micro_batch": 1, "grad_accum": 1,
+                                            "max_grad_norm": cfg.max_grad_norm,
+                                            "zero_stage": cfg.zero_stage})  # fmt: skip
+    ds_cfg = deepspeed_config(step_recipe, world, model.config.get_text_config().hidden_size)
+    ds_cfg["managed_gradient_accumulation"] = False
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg)
+    engine.train()
+    return engine
+
+
+def train_grpo(
+    recipe: Any,
+    sft_model_dir: str | Path,
+    set_path: str | Path,
+    output_dir: str | Path,
+    *,
+    backend: VLMBackend | None = None,
+    judge: Any | None = None,
+    max_steps: int | None = None,
+    local_rank: int | None = None,
+    log_mlflow: bool = True,
+    register: bool = False,
+    progress: bool = True,
+    **overrides: Any,
+) -> GRPOResult:
+    """GRPO of ``recipe.model`` (segmenter or captioner) from its SFT export, on DeepSpeed.
+
+    ``set_path``: a GRPO (or SFT) set; its *train* split gives the prompts. ``backend``:
+    the rollout backend (default: :class:`LivePolicyBackend` over the trained module; in
+    production an OpenAI-compatible pod serving the current policy). ``judge``: the
+    captioner's reward judge (default: the recipe's, embedding or LLM). ``overrides``
+    replace :class:`GRPOConfig` fields (tests, CLI). The engine is the SFT trainer's:
+    its ZeRO config (:func:`training.sft.deepspeed_config`) in unmanaged gradient
+    accumulation (``step()`` is the boundary), so a step may backpropagate any number of
+    groups. Writes ``output_dir/model`` (same export format as SFT) and logs a
+    ``grpo-<model>`` run in ``flora-train-<model>``.
+    """
+    from tqdm.auto import tqdm
+
+    from training.recipe import load_recipe
+    from training.sets import load_set
+    from training.sft import (
+        DivergedError,
+        _all_sum,
+        _barrier,
+        _export,
+        _git_commit,
+        init_distributed,
+    )
+
+    recipe = recipe if not isinstance(recipe, str | Path) else load_recipe(recipe)
+    if recipe.model not in GRPO_MODELS:
+        raise ValueError(f"no GRPO for {recipe.model!r} (no RL for the rewarder, DESIGN §3.5)")
+    cfg = GRPOConfig.from_recipe(recipe, **overrides)
+    if max_steps is not None:
+        cfg = replace(cfg, max_steps=int(max_steps))
+    out = Path(output_dir)
+    rank, world = init_distributed(local_rank)
+    torch.manual_seed(cfg.seed + rank)
+    np.random.seed(cfg.seed)
+
+    examples = [e for e in load_set(set_path, split="train") if e.model == recipe.model]
+    prompts = prompts_from_examples(examples)
+    if not prompts:
+        raise ValueError(f"set {set_path} has no train {recipe.model} prompts for GRPO")
+    if judge is None and recipe.model == "captioner":
+        from training.rewards import make_judge
+
+        judge = make_judge(cfg.judge)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model, processor, groups, base_dir, base_id = load_policy(sft_model_dir, recipe, cfg.lr)
+    reference = None
+    if cfg.beta > 0:
+        reference = copy.deepcopy(model).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
+    trainable = [p for g in groups for p in g["params"]]
+    if not trainable:
+        raise ValueError(f"{sft_model_dir}: nothing to train")
+    engine = build_engine(model, groups, recipe, cfg, world)
+    if backend is None:
+        if cfg.zero_stage == 3:
+            raise ValueError(
+                "ZeRO-3 partitions the policy's weights: in-process rollouts need ZeRO-2 or "
+                "an external rollout backend (an OpenAI-compatible pod)"
+            )
+        backend = LivePolicyBackend(engine.module, processor, seed=cfg.seed + rank)
+
+    def backward(loss: torch.Tensor) -> None:
+        # ZeRO averages gradients over ranks; the loss is already over the global count.
+        engine.backward(loss * world)
+
+    def zero_backward() -> None:
+        # A dropped group still takes part in every rank's reduction, without a forward.
+        engine.backward(sum((p * 0.0).sum() for p in trainable))
+
+    def update() -> None:
+        engine.step()
+
+    mlf = _GRPOLog(recipe, cfg, set_path, sft_model_dir, base_id, rank, log_mlflow)
+    history: list[dict[str, float]] = []
+    rng = random.Random(cfg.seed)
+    bar = tqdm(total=cfg.max_steps, desc=f"grpo {recipe.model}", unit="step",
+               disable=not progress or rank != 0)  # fmt: skip
+    try:
+        mlf.start(_git_commit())
+        for step in range(1, cfg.max_steps + 1):
+            picked = [rng.randrange(len(prompts)) for _ in range(cfg.prompts_per_step * world)]
+            mine = [prompts[i] for i in picked[rank::world]]
+            stats = _distributed_step(step, engine, processor, mine, backend, cfg, judge,
+                                      reference, backward, zero_backward, update,
+                                      _all_sum)  # fmt: skip
+            if not math.isfinite(stats.loss):
+                raise DivergedError(f"GRPO {recipe.model}: loss is {stats.loss} at step {step}")
+            history.append({"step": step, **stats.metrics()})
+            mlf.log_step(step, stats)
+            bar.update(1)
+            bar.set_postfix(reward=f"{stats.reward_mean:.3f}", parse=f"{stats.parse_rate:.2f}")
+        bar.close()
+        final = out / "model"
+        _export(engine, recipe, base_dir, base_id, final, rank, Path(set_path))
+        _barrier()
+        result = GRPOResult(recipe.model, out, final, cfg.max_steps, history)
+        mlf.finish(result, register)
+        return result
+    except BaseException:
+        bar.close()
+        mlf.fail()
+        raise
+
+
+def _distributed_step(
+    step: int,
+    engine: Any,
+    processor: Any,
+    prompts: Sequence[GRPOPrompt],
+    backend: VLMBackend,
+    cfg: GRPOConfig,
+    judge: Any,
+    reference: torch.nn.Module | None,
+    backward: Callable[[torch.Tensor], None],
+    zero_backward: Callable[[], None],
+    update: Callable[[], None],
+    all_sum: Callable[[float], float],
+) -> StepStats:
+    """:func:`grpo_step` with the token count summed over ranks and equal backward counts."""
+    return grpo_step(
+        step,
+        engine.module,
+        processor,
+        prompts,
+        backend,
+        cfg,
+        judge=judge,
+        reference=reference,
+        backward=backward,
+        update=update,
+        zero_backward=zero_backward,
+        all_sum=all_sum,
+        forward=engine,
+    )
+
+
+class _GRPOLog:
+    """Rank-0 MLflow logging of one GRPO run (``grpo-<model>`` in ``flora-train-<model>``)."""
+
+    def __init__(self, recipe: Any, cfg: GRPOConfig, set_path: Any, sft_dir: Any, base_id: str,
+                 rank: int, enabled: bool) -> None:  # fmt: skip
+        self.recipe, self.cfg, self.set_path, self.sft_dir = recipe, cfg, set_path, sft_dir
+        self.base_id = base_id
+        self.on = enabled and rank == 0
+        self._cm: Any = None
+        self.run_id: str | None = None
+
+    def start(self, commit: str) -> None:
+        if not self.on:
+            return
+        import mlflow
+
+        from flora.tracking import mlflow_run
+        from training.sets import read_manifest
+
+        man = read_manifest(self.set_path)
+        tags = {
+            "flora.git_commit": commit,
+            "flora.data.md5": str(man.get("dataset_md5", "")),
+            "flora.set.run_id": str(man.get("mlflow_run_id", "")),
+            "flora.recipe": f"{self.recipe.model}-{self.recipe.size}",
+            "flora.recipe.digest": self.recipe.digest(),
+            "flora.base": self.recipe.base,
+            "flora.base_id": self.base_id,
+            "flora.sft_model": str(self.sft_dir),
+            "flora.stage": "grpo",
+        }
+        self._cm = mlflow_run(f"grpo-{self.recipe.model}", tags,
+                              experiment=f"flora-train-{self.recipe.model}")  # fmt: skip
+        self.run_id = self._cm.__enter__().info.run_id
+        mlflow.log_params(self.recipe.flat())
+        mlflow.log_params({f"grpo_run.{k}": v for k, v in asdict(self.cfg).items()})
+
+    def log_step(self, step: int, stats: StepStats) -> None:
+        if not self.on:
+            return
+        import mlflow
+
+        m = {k: v for k, v in stats.metrics().items() if math.isfinite(v)}
+        mlflow.log_metrics(m, step=step)
+
+    def finish(self, result: GRPOResult, register: bool) -> None:
+        result.run_id = self.run_id
+        if not self.on:
+            return
+        from model_registry.register import log_flora_model, register_model
+
+        try:
+            log_flora_model(result.model_dir)
+            if register:
+                result.registered_version = register_model(
+                    self.recipe.model, self.run_id, tags={"flora.stage": "grpo"}
+                )
+        except BaseException:
+            self.fail()
+            raise
+        cm, self._cm = self._cm, None
+        cm.__exit__(None, None, None)
+
+    def fail(self) -> None:
+        import sys
+
+        cm, self._cm = self._cm, None
+        if cm is not None:
+            cm.__exit__(*sys.exc_info())

@@ -1,0 +1,143 @@
+"""One GRPO step on the tiny model under DeepSpeed ZeRO-2 on CPU (gloo, one rank)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from flora.backends.base import VLMRequest, VLMResponse
+from flora.segment.plan import LocalSegment
+from tests.tiny_finetune import single_torch_thread
+from training.grpo import (
+    GRPOConfig,
+    GRPOPrompt,
+    LivePolicyBackend,
+    build_engine,
+    completion_logprobs,
+    encode_group,
+    grpo_step,
+)
+
+
+class Scripted:
+    """Rollout backend that answers each request id ``…#g<j>`` with ``texts[j]``."""
+
+    name = "scripted"
+    model_version = "scripted"
+
+    def __init__(self, texts: Sequence[str]):
+        self.texts = list(texts)
+        self.requests: list[VLMRequest] = []
+
+    def generate(self, requests):
+        self.requests.extend(requests)
+        return [VLMResponse(self.texts[int(r.request_id.rsplit("#g", 1)[1])]) for r in requests]
+
+
+def _prompt(i: int) -> GRPOPrompt:
+    rng = np.random.default_rng(i)
+    imgs = [rng.integers(0, 255, (32, 32, 3), dtype=np.uint8) for _ in range(2)]
+    req = VLMRequest(prompt=f"segment window {i}", images=imgs, frame_times_us=[0, 250_000],
+                     system="You segment.", max_new_tokens=8, request_id=f"w{i}")  # fmt: skip
+    return GRPOPrompt("segmenter", req, f"w{i}", n_ticks=40,
+                      reference=[LocalSegment(0, 40, True, True)])  # fmt: skip
+
+
+@pytest.fixture
+def engine_and_model(tiny_vlm_dir):
+    from transformers import AutoModelForImageTextToText
+
+    from flora.backends.processing import load_processor
+    from training.recipe import load_recipe
+    from training.sft import apply_trainable, init_distributed
+
+    torch.manual_seed(0)
+    path = tiny_vlm_dir("qwen3_vl")
+    recipe = load_recipe("segmenter-tiny")
+    processor = load_processor(path, "images")
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32)
+    model, groups = apply_trainable(model, recipe)  # rank-32 LoRA, like the SFT export
+    _, world = init_distributed()
+    cfg = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=8, lr=1e-2, beta=0.02,
+                     zero_stage=2)  # fmt: skip
+    reference = copy.deepcopy(model).eval()  # the frozen SFT reference of the KL term
+    engine = build_engine(model, groups, recipe, cfg, world)
+    return engine, processor, cfg, reference
+
+
+def _run(engine, processor, cfg, reference, backend, prompts):
+    return grpo_step(
+        1, engine.module, processor, prompts, backend, cfg, judge=None, reference=reference,
+        backward=engine.backward, update=engine.step,
+        zero_backward=lambda: engine.backward(
+            sum((p * 0.0).sum() for p in engine.module.parameters() if p.requires_grad)),
+        forward=engine,
+    )  # fmt: skip
+
+
+def _lora(engine):
+    return {n: p.detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
+
+
+def test_one_zero2_step_changes_the_lora_and_logs_parse_rate(engine_and_model):
+    engine, processor, cfg, reference = engine_and_model
+    assert engine.zero_optimization_stage() == 2
+    backend = Scripted(["0 40 1 1", "none", "garbage!", "0 20 1 0"])
+    before = _lora(engine)
+    with single_torch_thread():
+        stats = _run(engine, processor, cfg, reference, backend, [_prompt(0), _prompt(1)])
+    after = _lora(engine)
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    assert changed and all("lora_" in n for n in before)
+    assert stats.valid_groups == 2 and stats.groups == 2
+    assert stats.parse_rate == pytest.approx(3 / 4)  # the garbage completion
+    assert stats.tokens > 0 and np.isfinite(stats.loss) and stats.kl >= 0
+    # every completion was sampled at the GRPO temperature, G per prompt
+    assert len(backend.requests) == 8
+    assert {r.temperature for r in backend.requests} == {1.0}
+
+
+def test_all_equal_rewards_make_no_update(engine_and_model):
+    engine, processor, cfg, reference = engine_and_model
+    before = _lora(engine)
+    with single_torch_thread():
+        stats = _run(engine, processor, cfg, reference, Scripted(["none"] * 4), [_prompt(2)])
+    after = _lora(engine)
+    assert stats.valid_groups == 0 and stats.tokens == 0 and stats.reward_std == 0.0
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
+def test_logprobs_match_the_full_forward_and_the_live_backend_samples(tiny_vlm_dir):
+    from transformers import AutoModelForImageTextToText
+
+    from flora.backends.processing import load_processor
+
+    path = tiny_vlm_dir("qwen3_vl")
+    processor = load_processor(path, "images")
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32).eval()
+    p = _prompt(3)
+    with single_torch_thread(), torch.no_grad():
+        group = encode_group(processor, p.request, ["0 4 1 0", "none"])
+        lp = completion_logprobs(model, group)
+        # the second completion alone, scored by hand from one full forward pass
+        one = encode_group(processor, p.request, ["none"])
+        logits = model(**one.inputs).logits[0].float()
+        ids = one.completion_ids[0]
+        start = one.prompt_len
+        want = torch.log_softmax(logits[start - 1 : start - 1 + len(ids)], -1)
+        want = want.gather(-1, ids[:, None]).squeeze(-1)
+        n = int(one.completion_mask.sum())
+        assert torch.allclose(lp[1, :n], want[:n], atol=1e-4)
+        assert torch.equal(lp[1, n:], torch.zeros_like(lp[1, n:]))
+        live = LivePolicyBackend(model, processor, seed=0)
+        reqs = [p.request] * 4
+        for r in reqs:
+            r.temperature, r.max_new_tokens = 1.0, 6
+        outs = live.generate(reqs)
+    assert len(outs) == 4 and all(o.ok for o in outs)
+    assert len({o.text for o in outs}) > 1  # temperature 1: the group is not one answer
+    assert not model.training
