@@ -38,6 +38,19 @@ class FloraSettings(BaseSettings):
     max_retries: int = 3
     max_concurrency: int = 8
     device: str = "auto"
+    # `flora serve` limits (docs/backends.md): every request is bounded before it costs
+    # memory or CPU; a client fault is a 4xx, never a 500.
+    serve_token: str | None = Field(default=None, repr=False, description="Bearer token.")
+    serve_token_file: Path | None = Field(default=None, description="File holding the token.")
+    serve_max_body_bytes: int = Field(default=64 * 1024**2, ge=1024)  # 413 above
+    serve_max_prompt_tokens: int = Field(default=32_768, ge=16)
+    serve_max_images: int = Field(default=128, ge=0)  # per request
+    serve_max_image_bytes: int = Field(default=8 * 1024**2, ge=1024)  # encoded, per image
+    serve_max_image_pixels: int = Field(default=4096 * 4096, ge=64)  # decoded, per image
+    serve_max_total_pixels: int = Field(default=32 * 1024**2, ge=64)  # decoded, per request
+    serve_max_tokens: int = Field(default=4096, ge=1)  # max_tokens above: 400
+    serve_request_timeout_s: float = Field(default=300.0, gt=0)  # queue + generation
+    serve_max_pending: int = Field(default=16, ge=1)  # admitted requests; 503 above
 
     @property
     def outputs_dir(self) -> Path:

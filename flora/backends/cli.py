@@ -16,7 +16,13 @@ def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
     port: int = typer.Option(8000, "--port"),
     token: str = typer.Option(
-        None, "--token", envvar="FLORA_SERVE_TOKEN", help="Require 'Authorization: Bearer T'."
+        None,
+        "--token",
+        help="Require 'Authorization: Bearer T' (visible in the process list: prefer "
+        "FLORA_SERVE_TOKEN or --token-file).",
+    ),
+    token_file: Path = typer.Option(
+        None, "--token-file", help="File whose first line is the bearer token."
     ),
     served_model: str = typer.Option(None, "--served-model", help="Model name clients send."),
     device: str = typer.Option(None, "--device", help="auto | cpu | cuda[:N] (FLORA_DEVICE)."),
@@ -25,14 +31,27 @@ def serve_cmd(
     fail_marker: str = typer.Option(None, "--fail-marker", hidden=True),
     delay_first: int = typer.Option(0, "--delay-first", hidden=True),
     delay_s: float = typer.Option(0.0, "--delay-s", hidden=True),
+    stall_marker: str = typer.Option(None, "--stall-marker", hidden=True),
 ) -> None:
-    """Serve a VLM over an OpenAI-compatible HTTP API (chat completions with logprobs)."""
-    from flora.backends.server import Faults, serve
+    """Serve a VLM over an OpenAI-compatible HTTP API (chat completions with logprobs).
+
+    Request limits come from FLORA_SERVE_* settings (docs/backends.md).
+    """
+    from flora.backends.server import NO_TOKEN_WARNING, Faults, resolve_token, serve
 
     s = get_settings()
     model = model or s.model_path
     if not model:
         raise typer.BadParameter("no model: pass --model or set FLORA_MODEL_PATH")
+    try:
+        token, warnings = resolve_token(token, token_file, s)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    if token is None:
+        warnings.append(NO_TOKEN_WARNING.format(where=f"http://{host}:{port}"))
+    for w in warnings:
+        bar = "!" * 78
+        typer.secho(f"{bar}\n{w}\n{bar}", err=True, fg=typer.colors.RED, bold=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     serve(
         model,
@@ -43,7 +62,8 @@ def serve_cmd(
         served_model=served_model or s.openai_model,
         device=device or s.device,
         batch_size=batch_size,
-        faults=Faults(fail_first, fail_marker, delay_first, delay_s),
+        faults=Faults(fail_first, fail_marker, delay_first, delay_s, stall_marker),
+        settings=s,
     )
 
 

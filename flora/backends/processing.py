@@ -170,10 +170,19 @@ def encode_image(img: np.ndarray, fmt: str = "png", quality: int = 90) -> str:
     return f"data:image/{mime};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def decode_image(url: str) -> np.ndarray:
+# Formats a data URL may carry; others are refused before any decoder runs.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+
+
+def decode_image(
+    url: str, max_bytes: int | None = None, max_pixels: int | None = None
+) -> np.ndarray:
     """Decode a base64 ``data:image/...`` URL into an HWC uint8 RGB array.
 
-    Remote URLs are refused: the server never fetches from the network.
+    Remote URLs are refused: the server never fetches from the network. ``max_bytes``
+    bounds the encoded image and ``max_pixels`` its decoded size: the size comes from the
+    header, which ``Image.open`` reads without decoding, so a decompression bomb (a
+    12000x12000 PNG of a few KB) is refused before its pixels are allocated.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -182,12 +191,27 @@ def decode_image(url: str) -> np.ndarray:
     head, _, payload = url.partition(",")
     if ";base64" not in head or not head[5:].startswith("image/"):
         raise RequestError(f"unsupported data URL header {head[:40]!r}")
+    # base64 is 4 chars per 3 bytes: refuse an oversized payload before decoding it.
+    if max_bytes is not None and len(payload) > 4 * (max_bytes // 3 + 1):
+        raise RequestError(
+            f"image is about {len(payload) * 3 // 4} bytes encoded, over the limit {max_bytes}"
+        )
     try:
         raw = base64.b64decode(payload, validate=True)
-        with Image.open(io.BytesIO(raw)) as im:
+        if max_bytes is not None and len(raw) > max_bytes:
+            raise RequestError(f"image is {len(raw)} bytes encoded, over the limit {max_bytes}")
+        with Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS) as im:
+            w, h = im.size
+            if max_pixels is not None and w * h > max_pixels:
+                raise RequestError(
+                    f"image is {w}x{h} = {w * h} pixels, over the limit {max_pixels}"
+                )
             return np.asarray(im.convert("RGB"), dtype=np.uint8).copy()
-    except (ValueError, UnidentifiedImageError, OSError) as e:
-        raise RequestError(f"cannot decode image data URL: {e}") from e
+    except RequestError:
+        raise
+    except (ValueError, UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+        # DecompressionBombError is not an OSError: named here so it is a 400, not a 500.
+        raise RequestError(f"cannot decode image data URL: {type(e).__name__}: {e}") from e
 
 
 def chat_to_openai_messages(chat: Chat, image_format: str = "png") -> list[dict[str, Any]]:
@@ -226,10 +250,34 @@ def chat_to_openai_messages(chat: Chat, image_format: str = "png") -> list[dict[
     return out
 
 
-def openai_messages_to_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Server side: wire messages -> chat messages with decoded images."""
+def openai_messages_to_chat(
+    messages: list[dict[str, Any]],
+    max_images: int | None = None,
+    max_image_bytes: int | None = None,
+    max_image_pixels: int | None = None,
+    max_total_pixels: int | None = None,
+) -> list[dict[str, Any]]:
+    """Server side: wire messages -> chat messages with decoded images.
+
+    The optional limits (``flora serve`` passes its settings) raise ``RequestError``
+    naming the message and part: images per request, encoded bytes and decoded pixels per
+    image (checked from the header before decoding), decoded pixels over the request.
+    """
+    if max_images is not None:
+        n_images = sum(
+            1
+            for m in messages
+            if isinstance(m, dict) and isinstance(m.get("content"), list)
+            for p in m["content"]
+            if isinstance(p, dict) and p.get("type") == "image_url"
+        )
+        if n_images > max_images:
+            raise RequestError(f"request has {n_images} images, over the limit {max_images}")
+    total_pixels = 0
     out = []
     for k, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise RequestError(f"messages[{k}] must be an object, got {type(m).__name__}")
         role = m.get("role")
         if role not in ("system", "user", "assistant"):
             raise RequestError(f"messages[{k}].role {role!r} is not system/user/assistant")
@@ -249,7 +297,17 @@ def openai_messages_to_chat(messages: list[dict[str, Any]]) -> list[dict[str, An
                 url = iu.get("url") if isinstance(iu, dict) else iu
                 if not isinstance(url, str):
                     raise RequestError(f"messages[{k}].content[{j}].image_url.url missing")
-                parts.append({"type": "image", "image": decode_image(url)})
+                try:
+                    img = decode_image(url, max_image_bytes, max_image_pixels)
+                except RequestError as e:
+                    raise RequestError(f"messages[{k}].content[{j}]: {e}") from e
+                total_pixels += img.shape[0] * img.shape[1]
+                if max_total_pixels is not None and total_pixels > max_total_pixels:
+                    raise RequestError(
+                        f"messages[{k}].content[{j}]: images total over {max_total_pixels} "
+                        "decoded pixels per request"
+                    )
+                parts.append({"type": "image", "image": img})
             else:
                 raise RequestError(f"messages[{k}].content[{j}].type {kind!r} is not supported")
         out.append({"role": role, "content": parts})

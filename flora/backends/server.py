@@ -8,30 +8,49 @@ worker thread, so the event loop stays responsive while the model works.
 
 An optional bearer token protects every endpoint except ``/health`` (401 without it).
 
+Every request is bounded before it costs memory or CPU (limits from ``FloraSettings``,
+``FLORA_SERVE_*``; see docs/backends.md): admitted requests (503 above), body bytes
+(413, from ``Content-Length`` and while streaming, before any JSON parsing), images per
+request, encoded bytes and decoded pixels per image (from the image header, before
+decoding), decoded pixels per request, prompt tokens, ``max_tokens`` (400 above the cap,
+never silently clamped), and a per-request deadline covering body upload, queueing and
+generation (504). A request whose client disconnects or whose deadline passes stops
+generating at the next token (a stopping criterion on the backend). A client fault is a
+400 with an OpenAI-style error body, never a 500.
+
 Fault injection (tests only, off by default): ``Faults`` makes the first N completions
-answer 500, every completion whose text contains a marker answer 500, and/or the first M
-completions sleep before answering — so retries and timeouts are tested against the real
-server.
+answer 500, every completion whose text contains a marker answer 500, the first M
+completions sleep before answering, and/or a completion whose text contains a stall
+marker hang inside generation until it is cancelled — so retries, timeouts and
+cancellation are tested against the real server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
-from flora.backends.processing import Chat, RequestError, openai_messages_to_chat
+from flora.backends.processing import Chat, RequestError, openai_messages_to_chat, render_prompt
 from flora.backends.transformers_backend import Generation, TransformersBackend
+from flora.settings import FloraSettings, get_settings
 
 log = logging.getLogger(__name__)
+
+MIN_IMAGE_SIDE = 4  # pixels; smaller images are refused (see ``prompt_tokens``)
 
 
 @dataclass
@@ -42,30 +61,99 @@ class Faults:
     fail_marker: str | None = None  # completions whose text contains this answer 500
     delay_first: int = 0  # the first M completions sleep ``delay_s`` first
     delay_s: float = 0.0
+    # Completions whose text contains this hang at their first generated token until
+    # cancelled (client gone) or past their deadline: a deterministic runaway generation.
+    stall_marker: str | None = None
 
 
 class ChatRequest(BaseModel):
-    """The subset of the OpenAI chat-completions body that Flora uses."""
+    """The subset of the OpenAI chat-completions body that Flora uses.
+
+    Strict types (a string is not coerced to a number), no NaN/inf, at least one message.
+    """
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    logprobs: bool = False
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    n: int = 1
-    stream: bool = False
+    n: int | None = None
+    stream: bool | None = None
 
 
-def _error(status: int, message: str, kind: str) -> JSONResponse:
+def _error(
+    status: int, message: str, kind: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(
-        status_code=status, content={"error": {"message": message, "type": kind, "code": status}}
+        status_code=status,
+        content={"error": {"message": message, "type": kind, "code": status}},
+        headers=headers,
     )
 
 
+def _bad(message: str) -> JSONResponse:
+    return _error(400, message, "invalid_request_error")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes | bytearray) -> Any:
+    """Strict JSON: ``NaN``/``Infinity`` literals are refused (Python's json accepts them)."""
+    return json.loads(raw, parse_constant=_reject_constant)
+
+
+def _validation_message(e: ValidationError) -> str:
+    # Never echo the input back: it may be megabytes of base64.
+    parts = []
+    for err in e.errors(include_input=False, include_url=False)[:5]:
+        loc = ".".join(str(x) for x in err["loc"]) or "body"
+        parts.append(f"{loc}: {err['msg']}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def prompt_tokens(backend: TransformersBackend, chat: Chat) -> int:
+    """Prompt length in tokens, without running the vision processor.
+
+    The chat template is rendered and tokenised (each image is one placeholder token
+    there); every placeholder then counts as the number of visual tokens the image
+    processor will give that image size. Raises ``RequestError`` for a chat the template
+    or the image processor refuses (a client fault, not a server one).
+    """
+    proc = backend.processor
+    try:
+        text = render_prompt(proc, chat)
+    except Exception as e:  # noqa: BLE001 - template errors come from the message layout
+        raise RequestError(f"messages cannot be rendered by the chat template: {e}") from e
+    n = len(proc.tokenizer(text, add_special_tokens=False)["input_ids"])
+    ip = getattr(proc, "image_processor", None)
+    count = getattr(ip, "get_number_of_image_patches", None)
+    merge = int(getattr(ip, "merge_size", 1) or 1)
+    for i, img in enumerate(chat.images()):
+        h, w = img.shape[:2]
+        if min(h, w) < MIN_IMAGE_SIDE:
+            # The image processor guesses the channel axis from the shape: a side of 1 or
+            # 3 pixels would be read as channels and the image silently garbled.
+            raise RequestError(f"image {i} ({w}x{h}) is under {MIN_IMAGE_SIDE} pixels a side")
+        if count is not None:
+            try:
+                n += count(h, w) // (merge * merge) - 1
+            except ValueError as e:  # e.g. an aspect ratio the processor refuses
+                raise RequestError(f"image {i} ({w}x{h}) is not accepted: {e}") from e
+    return n
+
+
 class _Batcher:
-    """Gathers concurrent chats into batches for one worker thread."""
+    """Gathers concurrent chats into batches for one worker thread.
+
+    A chat whose request was abandoned (client gone, deadline passed) before its batch
+    starts is dropped, so a queue never works for nobody.
+    """
 
     def __init__(self, backend: TransformersBackend, max_batch: int, wait_s: float):
         self.backend = backend
@@ -73,6 +161,8 @@ class _Batcher:
         self.wait_s = wait_s
         self.batches = 0  # batches run, for /health (mean batch = chats / batches)
         self.chats = 0
+        self.generating = 0  # chats in the batch running now
+        self.dropped = 0  # abandoned before their batch started
         self.queue: asyncio.Queue[tuple[Chat, asyncio.Future[Generation]]] | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -84,11 +174,22 @@ class _Batcher:
         if self.task is not None:
             self.task.cancel()
 
-    async def submit(self, chat: Chat) -> Generation:
+    def submit(self, chat: Chat) -> asyncio.Future[Generation]:
+        """Queue ``chat``; the future resolves to its generation."""
         assert self.queue is not None
         fut: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        await self.queue.put((chat, fut))
-        return await fut
+        self.queue.put_nowait((chat, fut))
+        return fut
+
+    @staticmethod
+    def _abandoned(chat: Chat, fut: asyncio.Future[Generation]) -> bool:
+        cancel = chat.meta.get("cancel")
+        deadline = chat.meta.get("deadline")
+        return (
+            fut.done()
+            or (cancel is not None and cancel.is_set())
+            or (deadline is not None and time.monotonic() >= deadline)
+        )
 
     async def _loop(self) -> None:
         assert self.queue is not None
@@ -103,16 +204,111 @@ class _Batcher:
                     items.append(await asyncio.wait_for(self.queue.get(), left))
                 except TimeoutError:
                     break
-            chats = [c for c, _ in items]
+            live: list[tuple[Chat, asyncio.Future[Generation]]] = []
+            for c, f in items:
+                if not self._abandoned(c, f):
+                    live.append((c, f))
+                elif not f.done():
+                    f.cancel()
+            self.dropped += len(items) - len(live)
+            if not live:
+                continue
+            chats = [c for c, _ in live]
             self.batches += 1
             self.chats += len(chats)
+            self.generating = len(chats)
             try:
                 gens = await asyncio.to_thread(self.backend.generate_chats, chats)
             except Exception as e:  # noqa: BLE001 - every waiter gets the error
                 gens = [Generation(error=f"{type(e).__name__}: {e}") for _ in chats]
-            for (_, fut), g in zip(items, gens, strict=True):
+            finally:
+                self.generating = 0
+            for (_, fut), g in zip(live, gens, strict=True):
                 if not fut.done():
                     fut.set_result(g)
+
+
+class _BearerAuth:
+    """Pure ASGI middleware: ``Authorization: Bearer <token>`` on all but ``/health``.
+
+    Pure ASGI (not ``BaseHTTPMiddleware``) so that the endpoint sees the client's
+    disconnect message and can cancel its generation.
+    """
+
+    def __init__(self, app: Any, token: str):
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            got = b""
+            for k, v in scope["headers"]:
+                if k == b"authorization":
+                    got = v
+            if not hmac.compare_digest(got, self.expected):
+                resp = _error(401, "missing or invalid bearer token", "authentication_error")
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytearray:
+    """The request body, refusing more than ``limit`` bytes (``_BodyTooLarge``).
+
+    ``Content-Length`` is checked before anything is read; a body without one (chunked)
+    is counted while it streams and never held beyond ``limit``. After the limit is
+    crossed up to another ``limit`` bytes are read and dropped, so that an honest client
+    that uploads a little too much gets its 413 instead of a connection reset.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ValueError(f"invalid Content-Length {declared[:32]!r}")
+        if int(declared) > limit:
+            raise _BodyTooLarge(f"declared body of {int(declared)} bytes")
+    buf = bytearray()
+    seen = 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen <= limit:
+            buf += chunk
+        elif seen > 2 * limit:
+            break  # a hostile stream: stop draining; the connection is closed after the 413
+    if seen > limit:
+        raise _BodyTooLarge(f"body of more than {limit} bytes")
+    return buf
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Return when the client disconnects (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _stopper(
+    cancel: threading.Event, deadline: float, stall: bool, on_stop: Callable[[], None]
+) -> Callable[[], bool]:
+    """The ``should_stop`` check the backend calls after every generated token."""
+    stopped = False
+
+    def should_stop() -> bool:
+        nonlocal stopped
+        if stall and not cancel.is_set():  # injected runaway: hang until cancelled
+            cancel.wait(max(0.0, deadline - time.monotonic()))
+        if cancel.is_set() or time.monotonic() >= deadline:
+            if not stopped:
+                stopped = True
+                on_stop()
+            return True
+        return False
+
+    return should_stop
 
 
 def create_app(
@@ -121,13 +317,44 @@ def create_app(
     token: str | None = None,
     faults: Faults | None = None,
     batch_wait_ms: float = 5.0,
+    settings: FloraSettings | None = None,
 ) -> FastAPI:
-    """Build the FastAPI app serving ``backend`` under the model name ``served_model``."""
+    """Build the FastAPI app serving ``backend`` under the model name ``served_model``.
+
+    Limits come from ``settings`` (default: the process settings, ``FLORA_SERVE_*``).
+    """
+    from contextlib import asynccontextmanager
+
+    from PIL import Image
+
+    s = settings or get_settings()
     faults = faults or Faults()
     batcher = _Batcher(backend, backend.batch_size, batch_wait_ms / 1000)
-    stats = {"completions": 0, "injected_failures": 0, "started": time.time()}
-
-    from contextlib import asynccontextmanager
+    stats: dict[str, Any] = {
+        "completions": 0,
+        "injected_failures": 0,
+        "started": time.time(),
+        "active": 0,  # admitted requests now in flight
+        "rejected": 0,  # answered 4xx/503 by a limit or validation
+        "disconnected": 0,  # clients gone before their answer
+        "deadline_exceeded": 0,
+        "stopped_generations": 0,  # generations stopped early (disconnect or deadline)
+    }
+    # PIL's own decompression-bomb guard, at the same limit (it raises above twice it).
+    # The explicit header check in decode_image refuses first; this covers any decoder
+    # that allocates while opening.
+    Image.MAX_IMAGE_PIXELS = s.serve_max_image_pixels
+    limits = {
+        "max_body_bytes": s.serve_max_body_bytes,
+        "max_prompt_tokens": s.serve_max_prompt_tokens,
+        "max_images": s.serve_max_images,
+        "max_image_bytes": s.serve_max_image_bytes,
+        "max_image_pixels": s.serve_max_image_pixels,
+        "max_total_pixels": s.serve_max_total_pixels,
+        "max_tokens": s.serve_max_tokens,
+        "request_timeout_s": s.serve_request_timeout_s,
+        "max_pending": s.serve_max_pending,
+    }
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -136,14 +363,8 @@ def create_app(
         await batcher.stop()
 
     app = FastAPI(title="flora serve", lifespan=lifespan)
-
-    @app.middleware("http")
-    async def auth(request: Request, call_next):
-        if token and request.url.path != "/health":
-            got = request.headers.get("authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
-                return _error(401, "missing or invalid bearer token", "authentication_error")
-        return await call_next(request)
+    if token:
+        app.add_middleware(_BearerAuth, token=token)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -154,6 +375,10 @@ def create_app(
             **stats,
             "batches": batcher.batches,
             "batched_chats": batcher.chats,
+            "generating": batcher.generating,
+            "queued": batcher.queue.qsize() if batcher.queue is not None else 0,
+            "dropped_from_queue": batcher.dropped,
+            "limits": limits,
         }
 
     @app.get("/v1/models")
@@ -174,82 +399,256 @@ def create_app(
             ],
         }
 
-    @app.post("/v1/chat/completions")
-    async def completions(body: ChatRequest):
-        if body.model not in (None, served_model):
-            return _error(
-                404, f"model {body.model!r} not served (have {served_model!r})", "not_found"
+    def reject(resp: JSONResponse) -> JSONResponse:
+        stats["rejected"] += 1
+        return resp
+
+    async def complete(request: Request, deadline: float) -> Any:
+        try:
+            raw = await read_body(request, s.serve_max_body_bytes)
+        except _BodyTooLarge as e:
+            return reject(
+                _error(
+                    413,
+                    f"{e}: over the limit of {s.serve_max_body_bytes} bytes "
+                    "(FLORA_SERVE_MAX_BODY_BYTES)",
+                    "invalid_request_error",
+                )
             )
-        if body.n != 1 or body.stream:
-            return _error(400, "only n=1 and stream=false are supported", "invalid_request_error")
+        except ValueError as e:
+            return reject(_bad(str(e)))
+        try:
+            # Parsing tens of MB of JSON is CPU work: keep it off the event loop.
+            data = await asyncio.to_thread(parse_json, raw)
+        except (ValueError, RecursionError) as e:
+            return reject(_bad(f"body is not valid JSON: {str(e)[:200]}"))
+        del raw
+        if not isinstance(data, dict):
+            return reject(_bad("body must be a JSON object"))
+        try:
+            body = ChatRequest.model_validate(data)
+        except ValidationError as e:
+            return reject(_bad(_validation_message(e)))
+        del data
+        if body.model not in (None, served_model):
+            return reject(
+                _error(404, f"model {body.model!r} not served (have {served_model!r})", "not_found")
+            )
+        if (body.n or 1) != 1 or body.stream:
+            return reject(_bad("only n=1 and stream=false are supported"))
+        max_new = body.max_completion_tokens or body.max_tokens or min(256, s.serve_max_tokens)
+        if max_new > s.serve_max_tokens:
+            return reject(
+                _bad(
+                    f"max_tokens {max_new} is over this server's limit {s.serve_max_tokens} "
+                    "(FLORA_SERVE_MAX_TOKENS)"
+                )
+            )
         k = stats["completions"]
         stats["completions"] += 1
         if k < faults.delay_first and faults.delay_s > 0:
             await asyncio.sleep(faults.delay_s)
+        text = str(body.messages)
         injected = k < faults.fail_first or (
-            faults.fail_marker is not None and faults.fail_marker in str(body.messages)
+            faults.fail_marker is not None and faults.fail_marker in text
         )
         if injected:
             stats["injected_failures"] += 1
             return _error(500, "injected failure (test fault injection)", "server_error")
+        stall = faults.stall_marker is not None and faults.stall_marker in text
+        del text
         try:
             # Decoding dozens of PNG frames is CPU work: keep it off the event loop.
-            messages = await asyncio.to_thread(openai_messages_to_chat, body.messages)
+            messages = await asyncio.to_thread(
+                openai_messages_to_chat,
+                body.messages,
+                max_images=s.serve_max_images,
+                max_image_bytes=s.serve_max_image_bytes,
+                max_image_pixels=s.serve_max_image_pixels,
+                max_total_pixels=s.serve_max_total_pixels,
+            )
         except RequestError as e:
-            return _error(400, str(e), "invalid_request_error")
+            return reject(_bad(str(e)))
+        logprobs_on = bool(body.logprobs)
+        temperature = 1.0 if body.temperature is None else body.temperature
         top = body.top_logprobs or 0
         chat = Chat(
             messages=messages,
-            max_new_tokens=body.max_completion_tokens or body.max_tokens or 256,
-            temperature=body.temperature,
-            top_logprobs=top if body.logprobs else 0,
-            want_logprobs=body.logprobs,
+            max_new_tokens=max_new,
+            temperature=temperature,
+            top_logprobs=top if logprobs_on else 0,
+            want_logprobs=logprobs_on,
         )
         try:
-            gen = await batcher.submit(chat)
+            n_prompt = await asyncio.to_thread(prompt_tokens, backend, chat)
         except RequestError as e:
-            return _error(400, str(e), "invalid_request_error")
+            return reject(_bad(str(e)))
+        if n_prompt > s.serve_max_prompt_tokens:
+            return reject(
+                _bad(
+                    f"prompt is {n_prompt} tokens, over the limit {s.serve_max_prompt_tokens} "
+                    "(FLORA_SERVE_MAX_PROMPT_TOKENS)"
+                )
+            )
+        cancel = threading.Event()
+
+        def on_stop() -> None:
+            stats["stopped_generations"] += 1  # from the worker thread; an int add is atomic
+
+        chat.meta.update(
+            cancel=cancel, deadline=deadline, should_stop=_stopper(cancel, deadline, stall, on_stop)
+        )
+        fut = batcher.submit(chat)
+        gone = asyncio.create_task(_wait_disconnect(request))
+        try:
+            done, _ = await asyncio.wait(
+                {fut, gone},
+                timeout=max(0.0, deadline - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            gone.cancel()
+            if not fut.done():
+                cancel.set()  # nobody waits for it any more: stop (or never start) generating
+        if fut not in done:
+            if gone in done:
+                stats["disconnected"] += 1
+                return _error(499, "client disconnected", "client_closed_request")
+            stats["deadline_exceeded"] += 1
+            return _deadline_error(s.serve_request_timeout_s)
+        gen = fut.result()
         if gen.error is not None:
             return _error(500, gen.error, "server_error")
-        logprobs = None
-        if body.logprobs:
-            logprobs = {
-                "content": [
-                    {
-                        "token": lp.token,
-                        "logprob": lp.logprob,
-                        "bytes": list(lp.token.encode()),
-                        "top_logprobs": [
-                            {"token": t, "logprob": v, "bytes": list(t.encode())}
-                            for t, v in lp.top.items()
-                        ],
-                    }
-                    for lp in gen.logprobs
-                ]
-            }
-        n_out = len(gen.token_ids)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": served_model,
-            "system_fingerprint": backend.model_version,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": gen.text},
-                    "logprobs": logprobs,
-                    "finish_reason": gen.finish_reason,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": gen.prompt_tokens,
-                "completion_tokens": n_out,
-                "total_tokens": gen.prompt_tokens + n_out,
-            },
-        }
+        return _completion_body(body, gen, served_model, backend.model_version)
+
+    @app.post("/v1/chat/completions")
+    async def completions(request: Request) -> Any:
+        if stats["active"] >= s.serve_max_pending:
+            return reject(
+                _error(
+                    503,
+                    f"server busy: {stats['active']} requests in flight "
+                    f"(FLORA_SERVE_MAX_PENDING={s.serve_max_pending})",
+                    "server_busy",
+                    headers={"Retry-After": "1"},
+                )
+            )
+        stats["active"] += 1
+        deadline = time.monotonic() + s.serve_request_timeout_s
+        try:
+            # The deadline bounds everything: a slow upload, decoding, the queue, generation.
+            return await asyncio.wait_for(complete(request, deadline), s.serve_request_timeout_s)
+        except TimeoutError:
+            stats["deadline_exceeded"] += 1
+            return _deadline_error(s.serve_request_timeout_s)
+        except ClientDisconnect:
+            stats["disconnected"] += 1
+            return _error(499, "client disconnected", "client_closed_request")
+        finally:
+            stats["active"] -= 1
 
     return app
+
+
+def _deadline_error(timeout_s: float) -> JSONResponse:
+    return _error(
+        504,
+        f"request deadline of {timeout_s:g} s exceeded (FLORA_SERVE_REQUEST_TIMEOUT_S)",
+        "timeout",
+    )
+
+
+def _completion_body(
+    body: ChatRequest, gen: Generation, served_model: str, model_version: str
+) -> dict[str, Any]:
+    """The OpenAI ``chat.completion`` object for one generation."""
+    logprobs = None
+    if body.logprobs:
+        logprobs = {
+            "content": [
+                {
+                    "token": lp.token,
+                    "logprob": lp.logprob,
+                    "bytes": list(lp.token.encode()),
+                    "top_logprobs": [
+                        {"token": t, "logprob": v, "bytes": list(t.encode())}
+                        for t, v in lp.top.items()
+                    ],
+                }
+                for lp in gen.logprobs
+            ]
+        }
+    n_out = len(gen.token_ids)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": served_model,
+        "system_fingerprint": model_version,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": gen.text},
+                "logprobs": logprobs,
+                "finish_reason": gen.finish_reason,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": gen.prompt_tokens,
+            "completion_tokens": n_out,
+            "total_tokens": gen.prompt_tokens + n_out,
+        },
+    }
+
+
+NO_TOKEN_WARNING = (
+    "WARNING: flora serve has NO bearer token: anyone who can reach {where} can use the "
+    "model. Set FLORA_SERVE_TOKEN or pass --token-file FILE."
+)
+ARGV_TOKEN_WARNING = (
+    "WARNING: --token is visible to every user in the process list (ps, /proc/<pid>/cmdline); "
+    "prefer FLORA_SERVE_TOKEN or --token-file FILE."
+)
+
+
+def resolve_token(
+    cli_token: str | None, token_file: Path | None, settings: FloraSettings
+) -> tuple[str | None, list[str]]:
+    """The bearer token ``flora serve`` requires, and the warnings to print.
+
+    Order: ``--token-file``, ``--token`` (works, but warns: argv is public), then
+    ``FLORA_SERVE_TOKEN``, then ``FLORA_SERVE_TOKEN_FILE``. A token file must hold a
+    non-empty first line; ``ValueError`` otherwise. No token at all is allowed (loopback
+    development) but the caller must print the returned warning loudly.
+    """
+    warnings: list[str] = []
+    if cli_token is not None and token_file is not None:
+        raise ValueError("pass either --token or --token-file, not both")
+    if cli_token is not None:
+        warnings.append(ARGV_TOKEN_WARNING)
+        token: str | None = cli_token.strip()
+    elif token_file is not None or settings.serve_token_file is not None:
+        token = _read_token_file(Path(token_file or settings.serve_token_file))  # type: ignore[arg-type]
+    elif settings.serve_token is not None:
+        token = settings.serve_token.strip()
+    else:
+        token = None
+    if not token:
+        if cli_token is not None or settings.serve_token is not None:
+            raise ValueError("the bearer token is empty")
+        token = None
+    return token, warnings
+
+
+def _read_token_file(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read token file {path}: {e}") from e
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise ValueError(f"token file {path} is empty")
+    return lines[0].strip()
 
 
 def serve(
@@ -262,14 +661,25 @@ def serve(
     device: str = "auto",
     batch_size: int = 8,
     faults: Faults | None = None,
+    settings: FloraSettings | None = None,
 ) -> None:
     """Load the model and serve it until interrupted (blocking)."""
     import uvicorn
 
     backend = TransformersBackend(model, adapter_path=adapter, device=device, batch_size=batch_size)
-    app = create_app(backend, served_model=served_model, token=token, faults=faults)
+    app = create_app(
+        backend, served_model=served_model, token=token, faults=faults, settings=settings
+    )
     log.info("serving %s as %r on http://%s:%d", backend.model_version, served_model, host, port)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
-__all__ = ["ChatRequest", "Faults", "create_app", "serve"]
+__all__ = [
+    "ChatRequest",
+    "Faults",
+    "create_app",
+    "parse_json",
+    "prompt_tokens",
+    "resolve_token",
+    "serve",
+]

@@ -389,8 +389,16 @@ class TransformersBackend:
         )
         if self.seed is not None:
             torch.manual_seed(self.seed)
+        stop_kw: dict[str, Any] = {}
+        if any(c.meta.get("should_stop") for c in batch):
+            from transformers import StoppingCriteriaList
+
+            stop_kw["stopping_criteria"] = StoppingCriteriaList([_StopRows(batch)])
         out = self.model.generate(
-            **enc, generation_config=gcfg, logits_processor=LogitsProcessorList([recorder])
+            **enc,
+            generation_config=gcfg,
+            logits_processor=LogitsProcessorList([recorder]),
+            **stop_kw,
         )
         seqs = out.sequences[:, prompt_len:].cpu()
         chosen, top_vals, top_ids = recorder.finish(seqs[:, -1])
@@ -442,6 +450,21 @@ class TransformersBackend:
             "model_type": getattr(self.model.config, "model_type", ""),
             "pid": os.getpid(),
         }
+
+
+class _StopRows:
+    """Stopping criterion: row b stops once ``batch[b].meta["should_stop"]()`` is true.
+
+    ``flora serve`` sets it so that a request whose client disconnected or whose deadline
+    passed stops generating at the next token instead of running to ``max_new_tokens``.
+    """
+
+    def __init__(self, batch: Sequence[Chat]):
+        self.checks = [c.meta.get("should_stop") for c in batch]
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        flags = [bool(f is not None and f()) for f in self.checks]
+        return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
 
 
 def _text_len(c: Chat) -> int:
