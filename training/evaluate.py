@@ -371,44 +371,24 @@ def heldout_examples(model: str, set_path: str | Path, *, limit: int | None = No
 
 
 def backend_for(path: str | Path, *, device: str = "cpu", batch_size: int = 8) -> VLMBackend:
-    """A transformers backend over a trained model directory (full weights or a PEFT adapter).
+    """A transformers backend over an exported Flora model directory (SFT or GRPO export).
 
-    An adapter directory (``adapter_config.json``) is loaded over its recorded base.
+    :func:`training.sft.model_paths` resolves full weights or a PEFT adapter over its base;
+    the manifest's checksums are verified first, so a half-written model is refused.
     """
     from flora.backends.transformers_backend import TransformersBackend
+    from training.sft import model_paths
 
-    p = Path(path)
-    cfg = p / "adapter_config.json"
-    if cfg.is_file():
-        base = json.loads(cfg.read_text()).get("base_model_name_or_path")
-        if not base:
-            raise ValueError(f"{cfg}: adapter without base_model_name_or_path")
-        return TransformersBackend(base, adapter_path=p, device=device, batch_size=batch_size)
-    return TransformersBackend(p, device=device, batch_size=batch_size)
+    model_path, adapter = model_paths(path)
+    return TransformersBackend(model_path, adapter_path=adapter, device=device,
+                               batch_size=batch_size, vision_input="images")  # fmt: skip
 
 
-def registered_model_dir(model: str, version: int | str, dst: str | Path | None = None) -> Path:
-    """Download registered ``flora-<model>`` version ``version`` and return its model directory.
+def registered_model_dir(model: str, version: int | str) -> Path:
+    """The exported model directory of registered ``flora-<model>`` version (or alias)."""
+    from model_registry.register import download_model
 
-    The directory is the one holding ``config.json`` or ``adapter_config.json`` inside the
-    downloaded artifacts.
-    """
-    import tempfile
-
-    import mlflow
-
-    from flora import tracking
-
-    tracking.configure()
-    name = f"flora-{model}"
-    uri = f"models:/{name}/{version}"
-    dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix=f"flora-{model}-v"))
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst)))
-    for marker in ("adapter_config.json", "config.json"):
-        hits = sorted(local.rglob(marker), key=lambda x: len(x.parts))
-        if hits:
-            return hits[0].parent
-    raise FileNotFoundError(f"{uri}: no config.json or adapter_config.json in {local}")
+    return download_model(model, str(version))
 
 
 def evaluate_model(
@@ -445,7 +425,7 @@ def log_eval(
 ) -> str:
     """Log metrics (``eval.*`` and ``eval.*.ci_low/high``), intervals and items to MLflow.
 
-    A new run in the ``flora-<model>`` experiment (or ``run_id`` reopened), so versions are
+    A new run in the ``flora-train-<model>`` experiment (or ``run_id`` reopened), so versions are
     compared side by side on the same keys; with ``registered_version`` the metrics are
     also set as ``eval.*`` tags of that registry version (DESIGN §3.9).
     """
@@ -459,7 +439,7 @@ def log_eval(
         flat[metric_key(k) + ".ci_low"] = lo
         flat[metric_key(k) + ".ci_high"] = hi
     t = {"flora.model": res.model, **{str(k): str(v) for k, v in (tags or {}).items()}}
-    with mlflow_run(f"eval_{res.model}", tags=t, experiment=f"flora-{res.model}",
+    with mlflow_run(f"eval_{res.model}", tags=t, experiment=f"flora-train-{res.model}",
                     run_id=run_id) as run:  # fmt: skip
         mlflow.log_metrics(flat)
         mlflow.log_dict(res.to_dict(), f"eval/{res.model}.json")

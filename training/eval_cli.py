@@ -1,0 +1,80 @@
+"""``flora eval model``: held-out metrics of a trained or registered Flora model (thin CLI)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer, eval_app: typer.Typer) -> None:
+    """Add ``flora eval model`` to the root CLI."""
+
+    @eval_app.command("model")
+    def eval_model(
+        model: str = typer.Option(..., "--model", help="segmenter | captioner | rewarder"),
+        version: str | None = typer.Option(
+            None, "--version", help="Registered flora-<model> version (or alias)."
+        ),
+        path: Path | None = typer.Option(None, "--path", help="Exported model directory."),
+        set_path: Path | None = typer.Option(
+            None, "--set", help="Training set whose held-out split is evaluated."
+        ),
+        dataset: Path | None = typer.Option(
+            None, "--dataset", help="Toy-world dataset: build the set here first (if no --set)."
+        ),
+        split_fraction: float = typer.Option(
+            0.2, "--split-fraction", help="Held-out share when building from --dataset."
+        ),
+        episodes: int | None = typer.Option(
+            None, "--episodes", min=1, help="Evaluate at most this many held-out episodes."
+        ),
+        judge: str = typer.Option("embedding", "--judge", help="Captioner judge: embedding|llm."),
+        device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
+        n_boot: int = typer.Option(1000, "--bootstrap", min=0, help="Bootstrap resamples."),
+        mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log to MLflow."),
+        json_out: Path | None = typer.Option(None, "--json", help="Also write results here."),
+    ) -> None:
+        """Score a model on held-out episodes; log eval.* metrics (comparable across versions)."""
+        from flora.cli_common import print_metrics
+        from training.evaluate import (
+            EVAL_MODELS,
+            backend_for,
+            evaluate_model,
+            heldout_examples,
+            log_eval,
+            registered_model_dir,
+        )
+
+        if model not in EVAL_MODELS:
+            raise typer.BadParameter(f"--model must be one of {EVAL_MODELS}")
+        if (version is None) == (path is None):
+            raise typer.BadParameter("give exactly one of --version and --path")
+        if set_path is None:
+            if dataset is None:
+                raise typer.BadParameter("give --set or --dataset")
+            from training.sets import build_sft_set
+
+            set_path = build_sft_set(model, dataset, Path(tempfile.mkdtemp()) / "set",
+                                     split_fraction=split_fraction)  # fmt: skip
+        model_dir = registered_model_dir(model, version) if version is not None else path
+        examples = heldout_examples(model, set_path, limit=episodes)
+        j = None
+        if model == "captioner":
+            from training.rewards import make_judge
+
+            j = make_judge(judge)
+        res = evaluate_model(model, examples, backend_for(model_dir, device=device), judge=j,
+                             n_boot=n_boot)  # fmt: skip
+        res.info.update(model_dir=str(model_dir), set=str(set_path), version=version)
+        print_metrics(f"eval {model} ({len(examples)} held-out items)", res.metrics)
+        if mlflow:
+            tags = {"flora.eval.set": str(set_path), "flora.eval.model_dir": str(model_dir),
+                    "flora.eval.version": str(version or "")}  # fmt: skip
+            num = version if version is not None and version.isdigit() else None
+            rid = log_eval(res, tags=tags, registered_version=num)
+            typer.echo(f"logged to MLflow run {rid}")
+        if json_out is not None:
+            json_out.write_text(json.dumps(res.to_dict(), indent=2, default=str))
