@@ -370,7 +370,8 @@ def run_app(app: typer.Typer, args: Sequence[str] | None = None, prog_name: str 
         return EXIT_USAGE
     except _click_exc.UsageError as e:  # BadParameter, NoSuchOption, MissingParameter, ...
         path = e.ctx.command_path if e.ctx is not None else where
-        say(f"{path}: error: {e.format_message()} (see '{path} --help')")
+        msg = e.format_message().replace("Value error, ", "")  # pydantic-style prefix
+        say(f"{path}: error: {msg} (see '{path} --help')")
         return EXIT_USAGE
     except _click_exc.ClickException as e:  # FileError and friends
         say(f"{where}: error: {e.format_message()}")

@@ -67,6 +67,11 @@ def _report(res) -> None:
         )
 
 
+def _table_rows(res) -> int:
+    """Rows of the whole table after the run (a resumed run's skipped episodes count)."""
+    return int(getattr(res.validation, "row_count", 0) or 0) if res.validation else 0
+
+
 def _valid(res) -> bool:
     return res.validation is None or bool(res.validation.success)
 
@@ -75,6 +80,7 @@ def _payload(res) -> dict[str, Any]:
     return {
         **res.summary(),
         "table_dir": str(res.root / res.table),
+        "table_rows": _table_rows(res),
         "run_id": res.run_id,
         "written_episodes": list(res.written),
         "skipped_episodes": list(res.skipped),
@@ -86,7 +92,7 @@ def _payload(res) -> dict[str, Any]:
 def _finish(rep: Report, res, strict: bool) -> None:
     """Print a step's result and exit with the documented status (docs/cli.md)."""
     _report(res)
-    finish_step(rep, _payload(res), rows=res.rows, failed=len(res.failures), strict=strict,
+    finish_step(rep, _payload(res), rows=_table_rows(res), failed=len(res.failures), strict=strict,
                 valid=_valid(res))  # fmt: skip
 
 
@@ -248,6 +254,6 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             if not rep.to_stdout:
                 typer.echo(json.dumps(result.metrics, sort_keys=True, default=float))
             steps = list(result.steps.values())
-            finish_step(rep, payload, rows=sum(int(s.rows) for s in steps),
+            finish_step(rep, payload, rows=sum(_table_rows(s) for s in steps),
                         failed=sum(len(s.failures) for s in steps), strict=strict,
                         valid=all(_valid(s) for s in steps))  # fmt: skip
