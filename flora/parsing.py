@@ -7,22 +7,44 @@ caller records a final ``Rejection`` as a failed item. Nothing is silently fille
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from flora.backends.base import VLMBackend, VLMRequest, VLMResponse
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
+
+
+#: A rejection keeps at most this much of the reason and of the rejected text: a model or
+#: server can answer megabytes, and rejections end up in failure records and logs.
+MAX_REASON_CHARS = 1000
+MAX_TEXT_CHARS = 4000
+
+
+def _clip(s: object, limit: int) -> str:
+    s = s if isinstance(s, str) else repr(s)
+    return s if len(s) <= limit else f"{s[:limit]}… [{len(s) - limit} more characters]"
 
 
 @dataclass(frozen=True)
 class Rejection:
-    """Why a model output (or a transport attempt) was not accepted."""
+    """Why a model output (or a transport attempt) was not accepted.
+
+    ``reason`` and ``text`` are clipped (:data:`MAX_REASON_CHARS`, :data:`MAX_TEXT_CHARS`).
+    """
 
     reason: str
     text: str = ""
     kind: str = "parse"  # "parse" | "transport" | "validation"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason", _clip(self.reason, MAX_REASON_CHARS))
+        object.__setattr__(self, "text", _clip(self.text, MAX_TEXT_CHARS))
 
 
 @dataclass
@@ -39,6 +61,45 @@ class Attempted(Generic[T]):
         return self.rejection is None
 
 
+# The line breaks of str.splitlines().
+_SPLITLINES = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def iter_lines(text: str, *, newline_only: bool = False) -> Iterator[str]:
+    """The lines of ``text``, lazily, split where ``str.splitlines()`` splits.
+
+    With ``newline_only`` only ``"\\n"`` separates lines (``text.split("\\n")``). As with
+    ``split``, the piece after the last break is always yielded (possibly empty). Parsers
+    use this so that an answer of millions of lines is rejected at its first bad line,
+    not split in full first.
+    """
+    start = 0
+    if newline_only:
+        while (end := text.find("\n", start)) >= 0:
+            yield text[start:end]
+            start = end + 1
+    else:
+        for m in _SPLITLINES.finditer(text):
+            yield text[start : m.start()]
+            start = m.end()
+    yield text[start:]
+
+
+def _safe_parse(parse: Callable[[VLMResponse], T | Rejection], resp: VLMResponse) -> T | Rejection:
+    """``parse(resp)``, with any exception turned into a rejection of that one answer.
+
+    The parsers are written not to raise on any text, but a model's answer is the least
+    trusted input of a step: whatever slips through (a huge integer, a malformed
+    structure, a parser bug) must cost that item, not the run. The traceback is logged.
+    """
+    try:
+        return parse(resp)
+    except Exception as e:  # noqa: BLE001 - the boundary between model text and the step
+        log.warning("parser %s raised on a model answer", getattr(parse, "__name__", parse),
+                    exc_info=True)  # fmt: skip
+        return Rejection(f"parser error: {type(e).__name__}: {e}", resp.text, kind="parse")
+
+
 def generate_parsed(
     backend: VLMBackend,
     requests: Sequence[VLMRequest],
@@ -48,6 +109,7 @@ def generate_parsed(
     """Run ``requests`` through ``backend`` and ``parse`` each answer, retrying rejects.
 
     Only the still-rejected requests are re-sent, batched, up to ``max_attempts`` rounds.
+    A parser that raises rejects that answer (:func:`_safe_parse`); it never ends the step.
     """
     if max_attempts < 1:
         raise ValueError("max_attempts must be >= 1")
@@ -64,7 +126,7 @@ def generate_parsed(
             if not resp.ok:
                 rej = Rejection(resp.error or "backend error", "", kind="transport")
             else:
-                parsed = parse(resp)
+                parsed = _safe_parse(parse, resp)
                 if isinstance(parsed, Rejection):
                     rej = parsed
                 else:

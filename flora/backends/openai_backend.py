@@ -7,9 +7,11 @@ Each request is one ``POST {base_url}/chat/completions`` with the frames as base
 Failure policy, per request: connection errors, timeouts, HTTP 5xx and the two
 "try again" 4xx codes (408 Request Timeout, 429 Too Many Requests) are retried up to
 ``max_retries`` times with exponential backoff and jitter; any other 4xx is final at once
-(the request itself is wrong). A request that still fails becomes
-``VLMResponse(error=...)``; the others in the batch complete. ``generate`` never raises
-for one bad request. Up to ``max_concurrency`` requests are in flight at a time.
+(the request itself is wrong), and so is a malformed answer (wrong JSON shape or types,
+checked field by field). A request that still fails becomes ``VLMResponse(error=...)``;
+the others in the batch complete. ``generate`` never raises for one bad request or one
+bad answer: anything unexpected is caught at the client boundary and reported with its
+type (``docs/reliability.md``). Up to ``max_concurrency`` requests are in flight at a time.
 """
 
 from __future__ import annotations
@@ -153,6 +155,15 @@ class OpenAIBackend:
             except _Retryable as e:
                 last = str(e)
                 log.info("request %s attempt %d/%d failed: %s", rid, attempt + 1, attempts, e)
+            except Exception as e:  # noqa: BLE001 - the client boundary: never raise per item
+                # Anything else the server's answer provokes is a failure of this request,
+                # reported with its type; the rest of the batch and the step go on.
+                log.warning("request %s failed (client error)", rid, exc_info=True)
+                return VLMResponse(
+                    text="",
+                    error=f"client error: {type(e).__name__}: {str(e)[:300]}",
+                    model=self.model_version,
+                )
         return VLMResponse(
             text="", error=f"failed after {attempts} attempts: {last}", model=self.model_version
         )
@@ -177,25 +188,87 @@ class OpenAIBackend:
             raise _Final(f"HTTP {r.status_code}: {r.text[:300]}")
         try:
             return r.json()
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: absurdly nested JSON
             raise _Retryable(f"invalid JSON from server: {r.text[:200]!r}") from e
 
-    def _parse(self, data: dict[str, Any]) -> VLMResponse:
-        try:
-            choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
-        except (KeyError, IndexError, TypeError) as e:
-            raise _Final(f"malformed completion (no choices[0].message): {str(data)[:200]}") from e
-        if data.get("system_fingerprint"):
-            self._version = str(data["system_fingerprint"])
-        lps: list[TokenLogprob] = []
-        content = (choice.get("logprobs") or {}).get("content") or []
-        for item in content:
-            top = {}
-            for alt in item.get("top_logprobs") or []:
-                top.setdefault(alt["token"], float(alt["logprob"]))
-            lps.append(TokenLogprob(item["token"], float(item["logprob"]), top))
-        return VLMResponse(text=text, logprobs=lps, model=self.model_version)
+    def _parse(self, data: Any) -> VLMResponse:
+        """A chat completion, checked field by field; a malformed one is ``_Final``.
+
+        ``content: null`` is an empty answer (the parser rejects it as such); a wrong type
+        anywhere (a string ``message``, ``logprobs`` that is not an object, a logprob that
+        is not a number) names the field and fails this request only.
+        """
+        if not isinstance(data, dict):
+            raise _Final(f"malformed completion: expected a JSON object, got {_kind(data)}")
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise _Final(
+                f"malformed completion: 'choices' is {_kind(choices)}, not a non-empty list"
+            )
+        choice = choices[0]
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            raise _Final(
+                f"malformed completion: choices[0].message is {_kind(message)}, not an object"
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            raise _Final(f"malformed completion: message.content is {_kind(content)}, not text")
+        fingerprint = data.get("system_fingerprint")
+        if isinstance(fingerprint, str) and fingerprint:
+            self._version = fingerprint[:200]
+        lps = _logprobs(choice.get("logprobs"))
+        return VLMResponse(text=content or "", logprobs=lps, model=self.model_version)
+
+
+def _kind(x: Any) -> str:
+    """A short description of a JSON value's type, for error messages."""
+    if x is None:
+        return "null"
+    if isinstance(x, list | str | dict):
+        return f"{type(x).__name__} of length {len(x)}"
+    return type(x).__name__
+
+
+def _logprob(x: Any, where: str) -> float:
+    # bool is an int in Python but never a log-probability in JSON.
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise _Final(f"malformed completion: {where} is {_kind(x)}, not a number")
+    return float(x)
+
+
+def _logprobs(obj: Any) -> list[TokenLogprob]:
+    """``choices[0].logprobs.content`` as ``TokenLogprob`` s (``[]`` when absent/null)."""
+    if obj is None:
+        return []
+    if not isinstance(obj, dict):
+        raise _Final(f"malformed completion: choices[0].logprobs is {_kind(obj)}, not an object")
+    content = obj.get("content")
+    if content is None:
+        return []
+    if not isinstance(content, list):
+        raise _Final(f"malformed completion: logprobs.content is {_kind(content)}, not a list")
+    out: list[TokenLogprob] = []
+    for i, item in enumerate(content):
+        where = f"logprobs.content[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("token"), str):
+            raise _Final(f"malformed completion: {where} has no string 'token'")
+        top: dict[str, float] = {}
+        alts = item.get("top_logprobs") or []
+        if not isinstance(alts, list):
+            raise _Final(f"malformed completion: {where}.top_logprobs is {_kind(alts)}, not a list")
+        for j, alt in enumerate(alts):
+            if not isinstance(alt, dict) or not isinstance(alt.get("token"), str):
+                raise _Final(
+                    f"malformed completion: {where}.top_logprobs[{j}] has no string 'token'"
+                )
+            top.setdefault(
+                alt["token"], _logprob(alt.get("logprob"), f"{where}.top_logprobs[{j}].logprob")
+            )
+        out.append(
+            TokenLogprob(item["token"], _logprob(item.get("logprob"), f"{where}.logprob"), top)
+        )
+    return out
 
 
 __all__ = ["OpenAIBackend", "RETRY_STATUS"]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flora.contract import US_PER_S
-from flora.parsing import Rejection
+from flora.parsing import Rejection, iter_lines
 
 DENSE_FRAMES = 64
 DENSE_FPS = 4.0
@@ -151,14 +151,36 @@ def render_dense(labels: Sequence[int], reasons: Sequence[str] | None = None) ->
     return "\n".join(lines)
 
 
+#: Longest reason a group line may carry (a sentence; the toy world's are < 60 characters).
+MAX_REASON_CHARS = 500
+
+
+def _first_lines(text: str, limit: int) -> list[str]:
+    """Up to ``limit`` non-blank stripped lines (splitlines() rules), read lazily.
+
+    A window has exactly 33 lines: reading a couple more is enough to reject an answer
+    with too many, without splitting a multi-megabyte answer in full.
+    """
+    out: list[str] = []
+    for raw in iter_lines(text):
+        if ln := raw.strip():
+            out.append(ln)
+            if len(out) >= limit:
+                break
+    return out
+
+
 def parse_dense(text: str) -> DenseOutput | Rejection:
     """Strict parser for one dense window; a ``DenseOutput`` or a typed ``Rejection``.
 
     Rejects: missing/invalid worst line, a count other than 32 group lines, groups out of
     order, labels outside 1..3, a non-normal group without a reason, a normal group with
-    one, and a declared worst level that differs from the minimum label.
+    one, a reason longer than :data:`MAX_REASON_CHARS` or with non-printable characters,
+    and a declared worst level that differs from the minimum label. Never raises.
     """
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not isinstance(text, str):
+        return Rejection(f"dense: expected text, got {type(text).__name__}", repr(text))
+    lines = _first_lines(text, DENSE_GROUPS + 3)  # worst line, 32 groups, 2 extra
     if not lines:
         return Rejection("dense: empty output", text)
     m = _WORST.match(lines[0])
@@ -169,21 +191,31 @@ def parse_dense(text: str) -> DenseOutput | Rejection:
     worst = int(m.group(1))
     body = lines[1:]
     if len(body) != DENSE_GROUPS:
-        return Rejection(f"dense: expected {DENSE_GROUPS} group labels, got {len(body)}", text)
+        got = f"more than {DENSE_GROUPS + 1}" if len(body) > DENSE_GROUPS + 1 else len(body)
+        return Rejection(f"dense: expected {DENSE_GROUPS} group labels, got {got}", text)
     labels: list[int] = []
     reasons: list[str] = []
     for g, line in enumerate(body, start=1):
         lm = _LINE.match(line)
         if lm is None:
-            return Rejection(f"dense: group line {g} malformed: {line!r}", text)
-        if int(lm.group(1)) != g:
-            return Rejection(f"dense: expected group {g}, got group {lm.group(1)}", text)
+            return Rejection(f"dense: group line {g} malformed: {line[:80]!r}", text)
+        # Compare digits, not int(): int() refuses more than 4,300 digits (ValueError).
+        got = lm.group(1).lstrip("0") or "0"
+        if got != str(g):
+            shown = got if len(got) <= 12 else f"{got[:6]}…({len(got)} digits)"
+            return Rejection(f"dense: expected group {g}, got group {shown}", text)
         if lm.group(2) not in ("1", "2", "3"):
             return Rejection(f"dense: group {g} label {lm.group(2)!r} outside 1..3", text)
         lab = int(lm.group(2))
         why = (lm.group(3) or "").strip()
         if lab != 3 and not why:
             return Rejection(f"dense: group {g} has label {lab} but no reason", text)
+        if len(why) > MAX_REASON_CHARS or not why.isprintable():
+            return Rejection(
+                f"dense: group {g} reason is longer than {MAX_REASON_CHARS} characters or "
+                "holds non-printable characters",
+                text,
+            )
         if lab == 3 and lm.group(3) is not None:
             return Rejection(f"dense: group {g} is normal (3) but carries a reason", text)
         labels.append(lab)

@@ -157,13 +157,17 @@ def render_outcome(score: int) -> str:
 
 def parse_outcome(text: str) -> int | Rejection:
     """Strict parser for ``score: K``; returns K (1..5) or a typed ``Rejection``."""
+    if not isinstance(text, str):
+        return Rejection(f"outcome: expected text, got {type(text).__name__}", repr(text))
     m = _GRAMMAR.match(text)
     if m is None:
         return Rejection("outcome: expected exactly 'score: K' with K in 1..5", text)
-    k = int(m.group(1))
-    if k not in SCORES:
-        return Rejection(f"outcome: score {k} outside 1..5", text)
-    return k
+    digits = m.group(1).lstrip("0") or "0"
+    # Compare digits, not int(): int() refuses more than 4,300 digits (ValueError).
+    if len(digits) != 1 or int(digits) not in SCORES:
+        shown = digits if len(digits) <= 12 else f"{digits[:6]}…({len(digits)} digits)"
+        return Rejection(f"outcome: score {shown} outside 1..5", text)
+    return int(digits)
 
 
 def _score_of_token(tok: str) -> int | None:
@@ -225,13 +229,21 @@ def score_probs_from_top_logprobs(
     if at.token not in at.top:
         candidates.append((at.token, at.logprob))
     for tok, lp in candidates:
-        k = _score_of_token(tok)
+        k = _score_of_token(tok) if isinstance(tok, str) else None
         if k is None or tok in seen:
             continue
         seen.add(tok)
-        if lp is None or math.isnan(lp):
+        if lp is None or (isinstance(lp, float) and math.isnan(lp)):
             continue
-        mass[k - 1] += math.exp(lp)
+        # A log-probability is a number <= 0 (-inf allowed: probability 0). Anything else
+        # means the server's answer is broken; exp() of it would overflow or lie.
+        if isinstance(lp, bool) or not isinstance(lp, int | float) or lp > 1e-6:
+            return Rejection(
+                f"outcome: invalid log-probability {str(lp)[:40]!r} for score token {tok!r}",
+                text or "",
+                kind="validation",
+            )
+        mass[k - 1] += math.exp(min(float(lp), 0.0))
     missing = tuple(k for k in SCORES if mass[k - 1] <= 0.0)
     if len(missing) == N_SCORES:
         return Rejection(
@@ -256,4 +268,7 @@ def parse_outcome_response(resp: VLMResponse) -> OutcomeScore | Rejection:
     if isinstance(read, Rejection):
         return read
     probs, missing = read
-    return outcome_from_probs(probs, answer_score=k, missing_scores=missing)
+    try:
+        return outcome_from_probs(probs, answer_score=k, missing_scores=missing)
+    except ScoreProbsError as e:  # e.g. every score token had probability 0
+        return Rejection(f"outcome: {e}", resp.text, kind="validation")

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from flora.parsing import Rejection
+from flora.parsing import Rejection, iter_lines
 
 SUM_TOL = 1e-6
 VALUE_TOL = 1e-6
@@ -182,6 +182,8 @@ def render_rubric(rubric: Rubric, scores: Mapping[str, float], thinking: str | N
 
 def parse_rubric(rubric: Rubric, text: str) -> dict[str, float] | Rejection:
     """Strict parser: per-step scores (snapped to ``V_j``) in rubric order, or a Rejection."""
+    if not isinstance(text, str):
+        return Rejection(f"rubric: expected text, got {type(text).__name__}", repr(text))
     body = text
     m = _THINK.match(text)
     if m is not None:
@@ -190,23 +192,27 @@ def parse_rubric(rubric: Rubric, text: str) -> dict[str, float] | Rejection:
         return Rejection("rubric: a think block must open the output and be closed once", text)
     if "<think>" in body or "</think>" in body:
         return Rejection("rubric: only one think block is allowed, at the start", text)
-    lines = [ln.strip() for ln in body.strip().splitlines() if ln.strip()]
     got: dict[str, float] = {}
-    for line in lines:
+    # Lazily: an answer of millions of lines is rejected at its first bad or repeated one.
+    for raw in iter_lines(body):
+        line = raw.strip()
+        if not line:
+            continue
         name, sep, val = line.rpartition(":")
         name, val = name.strip(), val.strip()
         if not sep or not name:
-            return Rejection(f"rubric: line {line!r} is not '<step>: <score>'", text)
+            return Rejection(f"rubric: line {line[:80]!r} is not '<step>: <score>'", text)
         if name not in rubric.step_names:
-            return Rejection(f"rubric: unknown (extra) step {name!r}", text)
+            return Rejection(f"rubric: unknown (extra) step {name[:80]!r}", text)
         if name in got:
             return Rejection(f"rubric: step {name!r} scored twice", text)
         if not _NUM.match(val):
-            return Rejection(f"rubric: step {name!r} score {val!r} is not a number", text)
+            return Rejection(f"rubric: step {name!r} score {val[:40]!r} is not a number", text)
+        # float() of a very long number is inf (never an error); _snap then finds no match.
         snapped = _snap(rubric.step(name), float(val))
         if snapped is None:
             return Rejection(
-                f"rubric: step {name!r} score {val} not in allowed set "
+                f"rubric: step {name!r} score {val[:40]} not in allowed set "
                 f"{list(rubric.step(name).allowed)}",
                 text,
             )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from flora.parsing import Rejection
+from flora.parsing import Rejection, iter_lines
 from flora.segment.plan import LocalSegment
 
 NONE_TOKEN = "none"
@@ -69,8 +69,11 @@ def parse_segments(text: str, n_ticks: int) -> list[LocalSegment] | Rejection:
     out: list[LocalSegment] = []
     prev: tuple[int, int, int, int] | None = None
     seen: set[tuple[int, int, int, int]] = set()
-    for lineno, raw in enumerate(body.split("\n"), start=1):
-        fields = raw.strip().split(" ")
+    # A tick with more digits than n_ticks is out of range: say so without int(), which
+    # refuses strings of more than 4,300 digits (and would be slow long before that).
+    max_digits = len(str(n_ticks))
+    for lineno, raw in enumerate(iter_lines(body, newline_only=True), start=1):
+        fields = raw.strip().split(" ", 4)  # at most 5 pieces, however long the line
         if len(fields) != 4 or any(f == "" for f in fields):
             return _rej(
                 "field_count",
@@ -79,13 +82,24 @@ def parse_segments(text: str, n_ticks: int) -> list[LocalSegment] | Rejection:
             )
         if not all(_INT.fullmatch(f) for f in fields):
             return _rej("garbage", f"line {lineno}: {raw.strip()[:80]!r} is not 4 integers", text)
-        u, v, lf, rf = (int(f) for f in fields)
+        if any(len(f) > max_digits for f in fields[:2]):
+            ticks = ",".join(
+                f if len(f) <= 12 else f"{f[:6]}…({len(f)} digits)" for f in fields[:2]
+            )
+            return _rej("tick_range", f"line {lineno}: ticks {ticks} outside [0, {n_ticks}]", text)
+        u, v = int(fields[0]), int(fields[1])
+        # A flag longer than one digit is no 0/1 either: 2 stands for "not a flag".
+        lf, rf = (int(f) if len(f) == 1 else 2 for f in fields[2:])
         if u > n_ticks or v > n_ticks:
             return _rej("tick_range", f"line {lineno}: ticks {u},{v} outside [0, {n_ticks}]", text)
         if u >= v:
             return _rej("order", f"line {lineno}: u={u} >= v={v}", text)
         if lf not in (0, 1) or rf not in (0, 1):
-            return _rej("bad_flag", f"line {lineno}: flags must be 0 or 1, got {lf} {rf}", text)
+            return _rej(
+                "bad_flag",
+                f"line {lineno}: flags must be 0 or 1, got {fields[2][:8]} {fields[3][:8]}",
+                text,
+            )
         if lf == 1 and u != 0:
             return _rej("bad_flag", f"line {lineno}: left flag set but u={u} != 0", text)
         if rf == 1 and v != n_ticks:
