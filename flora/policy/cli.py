@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 
 import typer
 
+from flora.cli_common import JsonOpt, StrictOpt, finish_step, report_output
+from flora.policy.recipes import recipe_names
+
 policy_app = typer.Typer(
-    help="Flow-matching action expert with training-time RTC.", no_args_is_help=True
+    help="Flow-matching action expert with training-time RTC.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
+
+
+class DelayDist(StrEnum):
+    """Distribution of training-time RTC delays."""
+
+    exp = "exp"
+    uniform = "uniform"
+
+
+# The shipped recipes, as choices ``--help`` lists.
+Recipe = StrEnum("Recipe", {n: n for n in recipe_names()})
 
 
 @policy_app.command("bench")
@@ -26,18 +43,31 @@ def bench(
     threads: int = typer.Option(
         0, "--threads", help="torch CPU threads (0: torch default; 1 is faster on a busy box)."
     ),
+    json_out: JsonOpt = None,
 ) -> None:
     """Simulated RTC benchmark (synchronous, naive async, inference-time RTC, training-time
     RTC, soft-overlap variant; d = 0..4; 95% Wilson intervals)."""
-    from flora.policy.bench import BenchConfig, rate_table, run_bench, write_docs, write_outputs
+    with report_output(json_out) as rep:
+        rep.emit(_bench(quick, out, rollouts, docs, seed, threads))
+
+
+def _bench_out(quick: bool) -> Path:
     from flora.settings import get_settings
+
+    return get_settings().home / ("policy_bench_quick" if quick else "policy_bench")
+
+
+def _bench(
+    quick: bool, out: Path | None, rollouts: int | None, docs: bool, seed: int, threads: int
+) -> dict:
+    from flora.policy.bench import BenchConfig, rate_table, run_bench, write_docs, write_outputs
 
     cfg = BenchConfig.quick() if quick else BenchConfig()
     cfg.seed = seed
     cfg.threads = threads
     if rollouts is not None:
         cfg.rollouts = rollouts
-    out = out or get_settings().home / ("policy_bench_quick" if quick else "policy_bench")
+    out = out or _bench_out(quick)
     results = run_bench(cfg, log=typer.echo)
     paths = write_outputs(results, out)
     typer.echo(rate_table(results))
@@ -54,18 +84,23 @@ def bench(
         raw.write_text(json.dumps(results, indent=2))
         written.append(raw)
         typer.echo(f"updated {', '.join(map(str, written))}")
+    return results
 
 
 @policy_app.command("train")
 def train(
     ctx: typer.Context,
     dataset: Path | None = typer.Option(
-        None, "--dataset", help="LeRobot dataset root (default: FLORA_DATASET, the toy world)."
+        None,
+        "--dataset",
+        exists=True,
+        help="LeRobot dataset root (default: FLORA_DATASET, the toy world).",
     ),
     out: Path | None = typer.Option(None, "--out", help="Checkpoint dir (default <home>/policy)."),
     events: Path | None = typer.Option(
         None,
         "--events",
+        exists=True,
         help="Captions table (Parquet file or table dir). Default: the "
         "engine's captions/events table under <home>/outputs when it has captions.",
     ),
@@ -78,7 +113,9 @@ def train(
     ),
     horizon: int = typer.Option(16, "--horizon", help="Chunk length H."),
     max_delay: int = typer.Option(5, "--max-delay", help="Training delays in [0, max_delay)."),
-    delay_dist: str = typer.Option("exp", "--delay-dist", help="exp | uniform"),
+    delay_dist: DelayDist = typer.Option(
+        DelayDist.exp, "--delay-dist", help="Training delay distribution."
+    ),
     hidden: int = typer.Option(128, "--hidden"),
     depth: int = typer.Option(4, "--depth"),
     batch_size: int = typer.Option(256, "--batch-size"),
@@ -87,22 +124,28 @@ def train(
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
     run_id: str | None = typer.Option(None, "--run-id", help="Reopen this MLflow run."),
     seed: int = typer.Option(0, "--seed"),
-    recipe: str | None = typer.Option(
+    recipe: Recipe | None = typer.Option(
         None,
         "--recipe",
-        help="Named recipe (toy, real-robot); explicit options override its fields.",
+        help="Named recipe; explicit options override its fields.",
     ),
     max_steps: int | None = typer.Option(
         None, "--max-steps", help="Stop after this many optimiser steps (overrides epochs)."
     ),
+    json_out: JsonOpt = None,
+    strict: StrictOpt = False,
 ) -> None:
-    """Train the DiT action expert with training-time RTC on a LeRobot dataset."""
+    """Train the DiT action expert with training-time RTC on a LeRobot dataset.
+
+    Episodes that cannot be read are left out and count as failed items (exit 3, or 1
+    with --strict); exit 1 when no episode was usable.
+    """
     from flora.policy.lerobot import PolicyTrainConfig, find_caption_table, train_policy
     from flora.policy.recipes import load_recipe
     from flora.settings import get_settings
 
     try:
-        base = load_recipe(recipe) if recipe else {}
+        base = load_recipe(recipe.value) if recipe else {}
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--recipe") from None
     # options the user typed (typer ships its own click, so compare the source by name)
@@ -120,7 +163,7 @@ def train(
         "rtc_epochs": rtc_epochs,
         "horizon": horizon,
         "max_delay": max_delay,
-        "delay_dist": delay_dist,
+        "delay_dist": delay_dist.value,
         "hidden": hidden,
         "depth": depth,
         "batch_size": batch_size,
@@ -139,10 +182,21 @@ def train(
         run_id=run_id,
         **merged,
     )
-    summary = train_policy(cfg)
-    typer.echo(json.dumps(summary, indent=2))
-    if summary["failures"]:
-        typer.echo(f"{len(summary['failures'])} episode(s) left out (see summary.json)", err=True)
+    with report_output(json_out) as rep:
+        summary = train_policy(cfg)
+        if json_out is None:
+            typer.echo(json.dumps(summary, indent=2))
+        if summary["failures"]:
+            typer.echo(
+                f"{len(summary['failures'])} episode(s) left out (see summary.json)", err=True
+            )
+        finish_step(
+            rep,
+            summary,
+            rows=int(summary.get("episodes", 0)),
+            failed=len(summary["failures"]),
+            strict=strict,
+        )
 
 
 def register(app: typer.Typer, eval_app: typer.Typer) -> None:
