@@ -11,8 +11,8 @@ table, or the whole episode when it has no events) gets a row in the ``curation`
   they are never deleted, and no quality rule removes them.
 - ``policy``: not a failure and passes the duration rules (and the suboptimal rule).
 - ``pretrain``: in ``policy`` and its caption was accepted and has ``caption.min_words``
-  ..``max_words`` words (a rejected caption keeps the segment out unless
-  ``caption.on_rejected: keep``).
+  ..``max_words`` words (a rejected caption always keeps the segment out of pretrain;
+  ``caption.on_rejected: drop`` drops it from ``policy`` as well).
 
 A table the rules need may be missing for an episode (its step failed or did not run):
 the rule is then not applied, and the reason says which table is missing and, when the
@@ -251,9 +251,10 @@ def _decide_episode(
                      f"caption: {n} words outside [{rules.caption.min_words}, "
                      f"{rules.caption.max_words}]")  # fmt: skip
         elif k in rejected:
-            status = "rejected"
-            cap_ok = rules.caption.on_rejected == "keep"
+            status, cap_ok = "rejected", False
             cap_r = f"caption: rejected ({rejected[k][:160]})"
+            if rules.caption.on_rejected == "drop":
+                drop_r.append(f"{cap_r}; on_rejected=drop")
         else:
             status, cap_ok = "missing", False
             cap_r = _missing(ann, "captions", eid)

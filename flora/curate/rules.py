@@ -48,9 +48,10 @@ class CaptionRule(_Strict):
 
     min_words: int = Field(2, ge=1)
     max_words: int = Field(40, ge=1)
-    #: A rejected/unparseable caption: the segment stays out of pretrain (drop) or enters it
-    #: uncaptioned (keep; only sensible for consumers that ignore the text).
-    on_rejected: Literal["drop", "keep"] = "drop"
+    #: A rejected/unparseable caption always keeps its segment out of pretrain; ``policy``
+    #: keeps the (uncaptioned) segment in the policy split, ``drop`` drops it there too (a
+    #: caption the model could not produce can mean a malformed segment).
+    on_rejected: Literal["policy", "drop"] = "policy"
 
 
 class DurationRule(_Strict):

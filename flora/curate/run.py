@@ -99,17 +99,22 @@ def _write_atomic(df: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+def _norm(v: Any) -> Any:
+    # Parquet turns list cells into numpy arrays; compare their contents.
+    if hasattr(v, "__len__") and not isinstance(v, str):
+        return tuple(_norm(x) for x in v)
+    if v is None or v is pd.NA or (isinstance(v, float) and v != v):
+        return None  # None and NaN both mean "no value" in object columns
+    return v
+
+
 def _same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Equal decision parts, ignoring the run id (a rerun decides the same thing)."""
     cols = [c for c in a.columns if c != "run_id"]
-    try:
-        return (
-            a[cols]
-            .reset_index(drop=True)
-            .astype(str)
-            .equals(b.reindex(columns=cols).reset_index(drop=True).astype(str))
-        )
-    except (KeyError, ValueError):
+    if len(a) != len(b) or not set(cols) <= set(b.columns):
         return False
+    rows = lambda df: [tuple(_norm(v) for v in r) for r in df[cols].itertuples(index=False)]  # noqa: E731
+    return rows(a) == rows(b)
 
 
 def curate_dataset(

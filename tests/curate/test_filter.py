@@ -1,0 +1,163 @@
+"""Filtering rules on hand-built tables: every rule, missing tables, NaN, no events."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from tests.curate.builders import SPANS, Tables, eid, meta
+
+
+def _decide(tmp_path, m, **overrides):
+    """The decisions alone (no GX, no mixture): the rules are what is under test."""
+    from flora.curate.filter import decide
+    from flora.curate.rules import load_rules
+    from flora.curate.sources import load_annotations
+
+    return decide(load_annotations(tmp_path / "t"), m, load_rules(**overrides), "cur-run")
+
+
+def _curate(tmp_path, m, **overrides):
+    from flora.curate.rules import load_rules
+    from flora.curate.run import curate_dataset
+
+    return curate_dataset("toy", tmp_path / "t", tmp_path / "out", "cur-run", meta=m,
+                          rules=load_rules(**overrides))  # fmt: skip
+
+
+def _row(res, i, k):
+    d = res if isinstance(res, pd.DataFrame) else res.decisions
+    return d[(d.episode_id == eid(i)) & (d.event_index == k)].iloc[0]
+
+
+def test_outcome_rule_sends_low_reward_episodes_to_failures(tmp_path):
+    t = Tables(tmp_path / "t")
+    t.full(0, SPANS, reward=0.9)
+    t.full(1, SPANS, reward=0.5)
+    res = _curate(tmp_path, meta({0: "a", 1: "a"}))
+    ok, bad = _row(res, 0, 0), _row(res, 1, 0)
+    assert ok.pretrain and ok.policy and not ok.failures
+    assert bad.failures and not bad.policy and not bad.pretrain
+    assert "outcome: reward 0.500 < 0.6" in bad.failure_reason
+    mix = res.mixture
+    assert set(mix[mix.split == "failures"].episode_id) == {eid(1)}  # kept, never deleted
+    assert eid(1) not in set(mix[mix.split == "pretrain"].episode_id)
+    # A looser threshold keeps it.
+    res2 = _decide(tmp_path, meta({0: "a", 1: "a"}), outcome={"min_reward": 0.4})
+    assert _row(res2, 1, 0).pretrain
+
+
+def test_dense_failure_spans_and_suboptimal_rule(tmp_path):
+    t = Tables(tmp_path / "t")
+    labels = [3] * 20
+    labels[4] = 1  # [2.0, 2.5) s: inside event 1 [2.0, 3.5)
+    labels[14] = labels[15] = 2  # [7.0, 8.0) s: suboptimal inside event 3 [6.0, 9.0)
+    t.full(0, SPANS, labels=labels)
+    res = _decide(tmp_path, meta({0: "a"}))
+    assert _row(res, 0, 1).failures and "label-1 span [2.00 s, 2.50 s)" in _row(
+        res, 0, 1).failure_reason  # fmt: skip
+    assert _row(res, 0, 0).pretrain and _row(res, 0, 2).pretrain
+    assert _row(res, 0, 3).pretrain  # suboptimal: keep (default)
+    # Overlap threshold: 0.5 s of a 1.5 s segment is 33 %; a 50 % threshold keeps it.
+    assert _row(_decide(tmp_path, meta({0: "a"}), dense={"failure_overlap": 0.5}), 0, 1).pretrain
+    dropped = _row(_decide(tmp_path, meta({0: "a"}), dense={"suboptimal": "drop"}), 0, 3)
+    assert not dropped.policy and not dropped.failures and "suboptimal" in dropped.drop_reason
+    failed = _row(_decide(tmp_path, meta({0: "a"}), dense={"suboptimal": "failures"}), 0, 3)
+    assert failed.failures and "label-2" in failed.failure_reason
+    # min_span_s: a 0.5 s failure span is ignored when spans must last 1 s.
+    assert _row(_decide(tmp_path, meta({0: "a"}), dense={"min_span_s": 1.0}), 0, 1).pretrain
+
+
+def test_rejected_captions_and_caption_quality(tmp_path):
+    t = Tables(tmp_path / "t")
+    spans = [*SPANS[:3], (6.0, 9.0, "move")]  # one-word caption
+    t.full(0, spans, reject=(1,))
+    res = _curate(tmp_path, meta({0: "a"}))  # the mixture suite accepts these decisions
+    rej, short = _row(res, 0, 1), _row(res, 0, 3)
+    assert rej.caption_status == "rejected" and not rej.pretrain and rej.policy
+    assert "caption: rejected (grammar rejection" in rej.reason
+    assert short.caption_status == "accepted" and not short.pretrain and short.policy
+    assert "1 words outside [2, 40]" in short.reason
+    loose = _decide(tmp_path, meta({0: "a"}), caption={"min_words": 1})
+    assert _row(loose, 0, 3).pretrain and not _row(loose, 0, 1).pretrain
+    strict = _row(_decide(tmp_path, meta({0: "a"}), caption={"on_rejected": "drop"}), 0, 1)
+    assert not strict.policy and "on_rejected=drop" in strict.drop_reason
+
+
+def test_duration_rules(tmp_path):
+    t = Tables(tmp_path / "t")
+    spans = [(0.5, 0.6, "reach toward the red block"), (1.0, 9.0, "move the red block away")]
+    t.full(0, spans)
+    t.full(1, SPANS, T=0.5, labels=[3])
+    m = pd.concat([meta({0: "a"}), meta({1: "b"}, duration_s=0.5)], ignore_index=True)
+    res = _decide(tmp_path, m, duration={"max_segment_s": 5.0})
+    assert "segment 0.10 s < 0.25 s" in _row(res, 0, 0).drop_reason
+    assert "segment 8.00 s > 5.0 s" in _row(res, 0, 1).drop_reason
+    assert all("episode 0.50 s < 1.0 s" in r for r in res[res.episode_id == eid(1)].drop_reason)
+
+
+def test_missing_tables_nan_rewards_and_episodes_without_events(tmp_path):
+    t = Tables(tmp_path / "t")
+    t.full(0, SPANS)
+    t.events(1, SPANS)
+    t.outcome(1, None, reason="grammar: no score token")  # the rewarder failed
+    t.full(2, SPANS, reward=float("nan"))
+    t.outcome(3, 0.9)  # no events at all (segment step wrote nothing)
+    res = _curate(tmp_path, meta({0: "a", 1: "a", 2: "b", 3: "c"}))  # valid mixture
+    r1 = _row(res, 1, 0)
+    assert r1.policy and not r1.pretrain and math.isnan(r1.reward)
+    assert "outcome: missing (episode: grammar: no score token); not judged" in r1.reason
+    assert "captions: missing" in r1.reason and "dense_labels: missing" in r1.reason
+    r2 = _row(res, 2, 0)
+    assert "outcome: reward is NaN" in r2.reason and r2.pretrain
+    r3 = _row(res, 3, -1)  # the whole episode is one item
+    assert (r3.start_us, r3.end_us) == (0, 10_000_000) and r3.policy and not r3.pretrain
+    assert "no events" in r3.reason
+    # outcome.on_missing: drop removes unjudged episodes.
+    res_d = _decide(tmp_path, meta({0: "a", 1: "a", 2: "b", 3: "c"}),
+                    outcome={"on_missing": "drop"})  # fmt: skip
+    assert not _row(res_d, 1, 0).policy and "on_missing=drop" in _row(res_d, 1, 0).drop_reason
+    assert not _row(res_d, 2, 0).policy
+
+
+def test_all_filtered_out_is_an_error_not_an_empty_file(tmp_path):
+    from flora.curate.rebalance import EmptyMixtureError
+
+    t = Tables(tmp_path / "t")
+    t.full(0, SPANS, reward=0.9)
+    with pytest.raises(EmptyMixtureError, match="curated mixture is empty.*duration"):
+        _curate(tmp_path, meta({0: "a"}), splits=["pretrain"], duration={"min_episode_s": 60})
+    assert not (tmp_path / "out" / "mixture").exists()
+
+
+def test_rules_file_errors_name_the_field(tmp_path):
+    from flora.curate.rules import RulesError, load_rules
+
+    p = tmp_path / "r.yaml"
+    p.write_text("outcome:\n  min_reward: 2\n")
+    with pytest.raises(RulesError, match=r"outcome.min_reward"):
+        load_rules(p)
+    p.write_text("rebalance:\n  strata: [task, colour]\n")
+    with pytest.raises(RulesError, match="strata"):
+        load_rules(p)
+    assert load_rules().outcome.min_reward == 0.6  # the packaged default.yaml
+
+
+def test_resume_rewrites_only_changed_episodes_and_lineage(tmp_path):
+    from flora.curate.run import read_mixture
+
+    t = Tables(tmp_path / "t")
+    t.full(0, SPANS)
+    t.full(1, SPANS)
+    res = _curate(tmp_path, meta({0: "a", 1: "b"}))
+    assert sorted(res.processed) == [eid(0), eid(1)] and res.skipped == []
+    t.outcome(1, 0.1)
+    res2 = _curate(tmp_path, meta({0: "a", 1: "b"}))
+    assert res2.processed == [eid(1)] and res2.skipped == [eid(0)]
+    mix = read_mixture(res2.mixture_path)
+    assert set(mix.split) == {"pretrain", "policy", "failures"}
+    for r in mix.itertuples():
+        assert set(r.source_run_ids) <= {"seg-run", "cap-run", "rw-run"}
+        assert "events" in r.source_tables
