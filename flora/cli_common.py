@@ -15,8 +15,10 @@ one line on stderr with that status; tracebacks only with ``FLORA_DEBUG=1`` / ``
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -418,11 +420,58 @@ class FloraTyper(typer.Typer):
         return run_app(self, prog_name="flora")
 
 
+_RST_ROLE = re.compile(r":[\w.]+:`([^`]*)`")
+
+
+def plain_help(text: str | None) -> str | None:
+    """Help text without RST markup: ``:func:`x```, double and single backticks -> ``x``."""
+    if not text:
+        return text
+    return _RST_ROLE.sub(r"\1", text).replace("``", "").replace("`", "")
+
+
+def _plain_params(func: Callable[..., Any] | None) -> None:
+    """Strip RST markup from the help of every typer Option/Argument of ``func``."""
+    from typer.models import ParameterInfo
+
+    if func is None:
+        return
+    try:
+        sig = inspect.signature(func, eval_str=True)
+    except Exception:  # an annotation that does not evaluate: leave the help as written
+        return
+    for p in sig.parameters.values():
+        infos = [
+            m for m in getattr(p.annotation, "__metadata__", ()) if isinstance(m, ParameterInfo)
+        ]
+        if infos:
+            # String annotations (``from __future__ import annotations``) are evaluated
+            # afresh by every reader: pin the evaluated object so typer sees this one.
+            func.__annotations__[p.name] = p.annotation
+        if isinstance(p.default, ParameterInfo):
+            infos.append(p.default)
+        for info in infos:
+            info.help = plain_help(info.help)
+
+
 def make_plain(app: typer.Typer) -> None:
-    """Make ``app`` and every sub-app registered on it plain (see ``plain_typer``)."""
+    """Make ``app`` and every sub-app registered on it plain (see ``plain_typer``).
+
+    Help comes from docstrings written for the API docs; their RST markup (double
+    backticks, roles) is removed here so that no area's ``--help`` shows it.
+    """
     app.rich_markup_mode = None
     app.pretty_exceptions_enable = False
+    for c in app.registered_commands:
+        c.help = plain_help(c.help or inspect.getdoc(c.callback) or None)
+        _plain_params(c.callback)
+    if app.registered_callback is not None:
+        _plain_params(app.registered_callback.callback)
+    if isinstance(app.info.help, str):
+        app.info.help = plain_help(app.info.help)
     for g in app.registered_groups:
+        if isinstance(g.help, str):
+            g.help = plain_help(g.help)
         if g.typer_instance is not None:
             make_plain(g.typer_instance)
 
@@ -449,6 +498,7 @@ __all__ = [
     "make_plain",
     "one_line",
     "parse_episodes",
+    "plain_help",
     "plain_typer",
     "print_metrics",
     "report_output",
