@@ -278,7 +278,7 @@ def episode_sources(
             sources.append(
                 EpisodeSource(
                     by_id[eid], eid, str(g["split"].iloc[0]), evs, float(g["weight"].sum())
-                )  # fmt: skip
+                )
             )
     else:
         for eid, i in sorted(by_id.items(), key=lambda kv: kv[1]):
@@ -321,8 +321,9 @@ def segmenter_examples(
                     continue
                 seen.add(key)
                 if imgs[k] is None:
-                    fails.append(Failure(TABLE, episode.episode_id,
-                                         f"{pass_name} window {k}", reasons[k]))  # fmt: skip
+                    fails.append(
+                        Failure(TABLE, episode.episode_id, f"{pass_name} window {k}", reasons[k])
+                    )
                     continue
                 images, rel_times = imgs[k]  # type: ignore[misc]
                 # The same request segment_episode sends (flora.segment.run._backend_outputs).
@@ -344,10 +345,19 @@ def segmenter_examples(
                     "pass": "shifted" if shift else "primary",
                     "duration_us": episode.duration_us,
                 }
-                out.append(_example(model="segmenter", kind="segment", purpose=purpose,
-                                    episode=episode, split=src.split, req=req,
-                                    target=render_segments(segs), reference=ref,
-                                    weight=src.weight))  # fmt: skip
+                out.append(
+                    _example(
+                        model="segmenter",
+                        kind="segment",
+                        purpose=purpose,
+                        episode=episode,
+                        split=src.split,
+                        req=req,
+                        target=render_segments(segs),
+                        reference=ref,
+                        weight=src.weight,
+                    )
+                )
     return out, fails
 
 
@@ -383,9 +393,19 @@ def captioner_examples(
             "success": bool(getattr(ev, "success", True)),
             "event_index": int(k),
         }
-        out.append(_example(model="captioner", kind="caption", purpose=purpose, episode=episode,
-                            split=src.split, req=req, target=target, reference=ref,
-                            weight=src.weight))  # fmt: skip
+        out.append(
+            _example(
+                model="captioner",
+                kind="caption",
+                purpose=purpose,
+                episode=episode,
+                split=src.split,
+                req=req,
+                target=target,
+                reference=ref,
+                weight=src.weight,
+            )
+        )
     return out, fails
 
 
@@ -420,9 +440,19 @@ def rewarder_examples(
     fails: list[Failure] = []
 
     def add(kind: str, req: VLMRequest, target: str, ref: dict[str, Any]) -> None:
-        out.append(_example(model="rewarder", kind=kind, purpose="sft", episode=episode,
-                            split=src.split, req=req, target=target, reference=ref,
-                            weight=src.weight))  # fmt: skip
+        out.append(
+            _example(
+                model="rewarder",
+                kind=kind,
+                purpose="sft",
+                episode=episode,
+                split=src.split,
+                req=req,
+                target=target,
+                reference=ref,
+                weight=src.weight,
+            )
+        )
 
     def attempt(item: str, fn: Callable[[], None]) -> None:
         try:
@@ -440,8 +470,13 @@ def rewarder_examples(
         reqs = dense_requests(episode, windows)
         for w, req in zip(windows, reqs, strict=True):
             labels, reasons = window_targets(w, episode.duration_us, truth)
-            ref = {"window": w.index, "start_us": w.start_us, "groups": list(w.groups),
-                   "labels": labels, "reasons": reasons}  # fmt: skip
+            ref = {
+                "window": w.index,
+                "start_us": w.start_us,
+                "groups": list(w.groups),
+                "labels": labels,
+                "reasons": reasons,
+            }
             add("dense", req, render_dense(labels, reasons), ref)
 
     def rubric() -> None:
@@ -449,8 +484,12 @@ def rewarder_examples(
         rub = Rubric.model_validate(rub_json)
         think = _rubric_thinking(rub, scores) if rubric_thinking else None
         ref = {"rubric": rub.model_dump(mode="json"), "scores": scores}
-        add("rubric", rubric_request(episode, rub, rubric_frames),
-            render_rubric(rub, scores, think), ref)  # fmt: skip
+        add(
+            "rubric",
+            rubric_request(episode, rub, rubric_frames),
+            render_rubric(rub, scores, think),
+            ref,
+        )
 
     attempt("outcome", outcome)
     attempt("dense", dense)
@@ -517,7 +556,7 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
             p == "grpo" or target_problem(m, k, t, r) is None
             for m, k, t, r, p in zip(
                 df.model, df.task_kind, df.target, df.reference, df.purpose, strict=True
-            )  # fmt: skip
+            )
         ]
     else:
         out["_chk_target_parses"] = [False] * n
@@ -556,7 +595,7 @@ def _training_set(gxe):
             "prompt",
             "target",
             "reference",
-        ),  # fmt: skip
+        ),
         gxe.ExpectColumnValuesToBeUnique(column="example_id"),
         gxe.ExpectColumnValuesToBeInSet(column="split", value_set=list(SPLITS)),
         gxe.ExpectColumnValuesToBeInSet(column="model", value_set=list(TASK_KINDS)),
@@ -626,7 +665,7 @@ def _write(
         [
             {"table": f.table, "episode_id": f.episode_id, "item": f.item, "reason": f.reason}
             for f in failures
-        ],  # fmt: skip
+        ],
         columns=["table", "episode_id", "item", "reason"],
     ).to_parquet(tmp / FAILURES_FILE, index=False)
     manifest = {
@@ -664,23 +703,34 @@ def log_set(path: str | Path, *, run_name: str | None = None) -> str:
         n_images=[len(x) for x in df["images"]],
         frame_times_us=[
             json.dumps(None if x is None else [int(t) for t in x]) for x in df["frame_times_us"]
-        ],  # fmt: skip
+        ],
     )
-    tags = {"flora.set.sha256": man["sha256"], "flora.data.md5": man.get("dataset_md5", ""),
-            "flora.set.purpose": man["purpose"], "flora.model": man["model"]}  # fmt: skip
+    tags = {
+        "flora.set.sha256": man["sha256"],
+        "flora.data.md5": man.get("dataset_md5", ""),
+        "flora.set.purpose": man["purpose"],
+        "flora.model": man["model"],
+    }
     name = run_name or f"set-{man['purpose']}-{man['model']}"
     with mlflow_run(name, tags, experiment=f"flora-train-{man['model']}") as run:
         mlflow.log_params({f"set.{k}": v for k, v in man["params"].items()})
-        mlflow.log_metrics({"set.examples": man["examples"], "set.failures": man["failures"],
-                            **{f"set.{s}": n for s, n in man["splits"].items()}})  # fmt: skip
+        mlflow.log_metrics(
+            {
+                "set.examples": man["examples"],
+                "set.failures": man["failures"],
+                **{f"set.{s}": n for s, n in man["splits"].items()},
+            }
+        )
         for split in SPLITS:
             part = light[light.split == split].reset_index(drop=True)
             if part.empty:
                 continue
             ds = mlflow.data.from_pandas(
-                part, source=str(path / EXAMPLES_FILE), name=f"{man['model']}-{split}",
+                part,
+                source=str(path / EXAMPLES_FILE),
+                name=f"{man['model']}-{split}",
                 targets="target",
-            )  # fmt: skip
+            )
             mlflow.log_input(ds, context=split)
         mlflow.log_artifact(str(path / MANIFEST_FILE))
         run_id = run.info.run_id
@@ -768,17 +818,36 @@ def build_sft_set(
     elif model == "rewarder":
 
         def per(ep: Episode, src: EpisodeSource, gt: Any):
-            return rewarder_examples(ep, src, gt, outcome_frames=outcome_frames,
-                                     rubric_frames=rubric_frames,
-                                     rubric_thinking=rubric_thinking)  # fmt: skip
+            return rewarder_examples(
+                ep,
+                src,
+                gt,
+                outcome_frames=outcome_frames,
+                rubric_frames=rubric_frames,
+                rubric_thinking=rubric_thinking,
+            )
     else:
         raise SetError(f"unknown model {model!r}; expected one of {list(TASK_KINDS)}")
-    params = {"profiles": ",".join(profiles), "shifted": shifted,
-              "outcome_frames": outcome_frames, "rubric_frames": rubric_frames,
-              "rubric_thinking": rubric_thinking}  # fmt: skip
-    return _build(model, "sft", dataset_path, out, split_fraction=split_fraction, mixture=mixture,
-                  max_episodes=max_episodes, per_episode=per, params=params,
-                  log_mlflow=log_mlflow, progress=progress)  # fmt: skip
+    params = {
+        "profiles": ",".join(profiles),
+        "shifted": shifted,
+        "outcome_frames": outcome_frames,
+        "rubric_frames": rubric_frames,
+        "rubric_thinking": rubric_thinking,
+    }
+    return _build(
+        model,
+        "sft",
+        dataset_path,
+        out,
+        split_fraction=split_fraction,
+        mixture=mixture,
+        max_episodes=max_episodes,
+        per_episode=per,
+        params=params,
+        log_mlflow=log_mlflow,
+        progress=progress,
+    )
 
 
 def build_grpo_set(
@@ -812,9 +881,19 @@ def build_grpo_set(
     else:
         raise SetError(f"GRPO sets exist for {list(GRPO_MODELS)}, not {model!r} (no RL for it)")
     params = {"profiles": ",".join(profiles), "shifted": shifted}
-    return _build(model, "grpo", dataset_path, out, split_fraction=split_fraction,
-                  mixture=mixture, max_episodes=max_episodes, per_episode=per, params=params,
-                  log_mlflow=log_mlflow, progress=progress)  # fmt: skip
+    return _build(
+        model,
+        "grpo",
+        dataset_path,
+        out,
+        split_fraction=split_fraction,
+        mixture=mixture,
+        max_episodes=max_episodes,
+        per_episode=per,
+        params=params,
+        log_mlflow=log_mlflow,
+        progress=progress,
+    )
 
 
 # --------------------------------------------------------------------------- reading
