@@ -332,9 +332,11 @@ def test_client_disconnect_cancels_generation_and_queued_requests(limited):
 def test_deadline_stops_a_runaway_generation(tiny_model, tmp_path):
     server = _start(
         tiny_model, tmp_path / "deadline.log",
-        {"FLORA_SERVE_REQUEST_TIMEOUT_S": 2, "FLORA_SERVE_TOKEN": TOKEN},
+        {"FLORA_SERVE_REQUEST_TIMEOUT_S": 8, "FLORA_SERVE_TOKEN": TOKEN},
     )  # fmt: skip
     try:
+        # The deadline (8 s) is far longer than reading and queueing this tiny request, so
+        # it always passes during the stalled generation, which must then stop.
         stall = {**OK_BODY, "messages": [{"role": "user", "content": f"x {STALL_MARKER}"}]}
         r = _post(server, stall)
         assert r.status_code == 504, r.text
