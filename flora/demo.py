@@ -38,6 +38,8 @@ from flora.settings import FloraSettings, get_settings
 DAG_ID = "flora_data_engine"
 DEMO_EPISODES = 10
 DEMO_SEED = 0
+#: Where the demo writes its toy world (under ``datasets/``, which ``datasets.dvc`` tracks).
+DEMO_DATASET = Path("datasets") / "toy_world"
 #: Valid episodes the tiny VLM captions and rewards in the demo (0 = all). Measured on
 #: 2 shared cores at the steps' default budgets: 2 episodes (8 s + 20 s of video) took
 #: 230 s of VLM work on a quiet machine and 580 s while another job held a core, so the
@@ -130,16 +132,29 @@ def demo_env(repo: Path, s: FloraSettings) -> dict[str, str]:
     }
 
 
-def generate_dataset(root: Path, episodes: int, seed: int) -> bool:
-    """Generate the toy world unless an identical one is already there; True if written."""
+def generate_dataset(
+    root: Path, episodes: int, seed: int, *, regenerate: bool = False, overwrite: bool = False
+) -> bool:
+    """Generate the toy world unless an identical one is already there; True if written.
+
+    Only a toy world made by ``flora synth`` (its ``meta/flora_synth.json``) is ever
+    replaced; a folder holding anything else is refused with
+    :class:`flora.safety.OutputDirError` unless ``overwrite``. ``regenerate`` rewrites an
+    identical toy world too.
+    """
     from flora.data.synth import SYNTH_META, SynthConfig, default_durations, generate
+    from flora.safety import ensure_own_output_dir
 
     meta = root / SYNTH_META
     wanted = SynthConfig(seed, tuple(default_durations(episodes))).to_json()
-    if meta.exists():
-        have = json.loads(meta.read_text())  # also records layout and per-episode tasks
-        if all(have.get(k) == v for k, v in wanted.items()):
+    if meta.is_file() and not regenerate:
+        try:  # also records layout and per-episode tasks
+            have = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            have = {}
+        if isinstance(have, dict) and all(have.get(k) == v for k, v in wanted.items()):
             return False
+    ensure_own_output_dir(root, "toy world", overwrite=overwrite, markers=(SYNTH_META,))
     generate(root, episodes=episodes, seed=seed, overwrite=True, progress=True)
     return True
 
@@ -148,6 +163,9 @@ def main(
     episodes: int = typer.Option(DEMO_EPISODES, help="Toy-world episodes to generate."),
     seed: int = typer.Option(DEMO_SEED, help="Generator seed."),
     regenerate: bool = typer.Option(False, help="Regenerate the dataset even if present."),
+    overwrite: bool = typer.Option(
+        False, help=f"Replace {DEMO_DATASET} even if it is not a toy world Flora made."
+    ),
     dvc: bool = typer.Option(True, help="Version the dataset with DVC (add + push)."),
     vlm_episodes: int = typer.Option(
         DEMO_VLM_EPISODES, help="Valid episodes the VLM steps caption/reward (0 = all)."
@@ -167,17 +185,25 @@ def main(
     env = demo_env(repo, s)
     home = Path(env["FLORA_HOME"])
     log = home / "demo.log"
-    dataset = (repo / s.dataset).resolve() if not s.dataset.is_absolute() else s.dataset
+    # The demo writes its toy world to its own folder, never to FLORA_DATASET: that one is
+    # the DAGs' input and may be a real dataset (the DAG run gets this path in its conf).
+    dataset = (repo / DEMO_DATASET).resolve()
+    configured = (repo / s.dataset).resolve() if not s.dataset.is_absolute() else s.dataset
     console.rule("[bold]Flora data engine demo")
     console.print(f"dataset {dataset}  ·  state {home}  ·  log {log}")
+    if configured != dataset:
+        console.print(f"  [dim]FLORA_DATASET={configured} is left alone: the demo uses its own[/]")
 
     # 1. Data.
     t0 = time.perf_counter()
-    if regenerate and dataset.exists():
-        import shutil
+    from flora.safety import OutputDirError
 
-        shutil.rmtree(dataset)
-    wrote = generate_dataset(dataset, episodes, seed)
+    try:
+        wrote = generate_dataset(dataset, episodes, seed, regenerate=regenerate,
+                                 overwrite=overwrite)  # fmt: skip
+    except OutputDirError as e:
+        console.print(f"[red]✗ {e}[/]")
+        raise typer.Exit(2) from e
     verb = "generated" if wrote else "already present (deterministic; use --regenerate)"
     console.print(f"[green]✓[/] toy world {verb} [dim]({time.perf_counter() - t0:.1f}s)[/]")
 

@@ -118,26 +118,39 @@ def tiny_model_dir(settings: FloraSettings | None = None) -> Path:
     return (s.home / "models" / "tiny").resolve()
 
 
-def ensure_tiny_vlm(path: str | Path) -> Path:
+def ensure_tiny_vlm(path: str | Path, *, overwrite: bool = False) -> Path:
     """Build the tiny random Qwen3-VL at ``path`` unless a complete one is there.
 
     Built into a sibling temp dir and renamed, so concurrent workers never see a half
     written checkpoint (the marker ``flora_tiny.json`` is written last by the builder).
+    An incomplete tiny model left by a crashed build is replaced; anything else at
+    ``path`` (not made by Flora as a tiny model) is refused with
+    :class:`flora.safety.OutputDirError` before any work, unless ``overwrite``.
     """
-    from flora.backends.tiny import build_tiny_vlm
+    from flora.backends.tiny import TINY_DONE_MARKER, TINY_MODEL_KIND, build_tiny_vlm
+    from flora.safety import clear_output_path, ensure_own_output_dir
 
     path = Path(path)
-    if (path / "flora_tiny.json").exists():
+    if path.is_dir() and not path.is_symlink() and (path / TINY_DONE_MARKER).is_file():
         return path
+    hint = "pass overwrite=True, or point FLORA_HOME elsewhere"
+    ensure_own_output_dir(path, TINY_MODEL_KIND, overwrite=overwrite, hint=hint)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     build_tiny_vlm(tmp, family="qwen3_vl", seed=0)
     try:
-        if path.exists():  # an incomplete leftover (no marker): replace it
-            shutil.rmtree(path)
+        if (path / TINY_DONE_MARKER).is_file():  # another worker finished meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+            return path
+        # Checked again right before removing: only our own leftover (or, with
+        # overwrite, what the caller gave up) is ever removed.
+        if ensure_own_output_dir(path, TINY_MODEL_KIND, overwrite=overwrite, hint=hint):
+            clear_output_path(path)
+        elif path.is_dir():
+            path.rmdir()  # empty
         os.replace(tmp, path)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (path / "flora_tiny.json").exists():
+        if not (path / TINY_DONE_MARKER).exists():
             raise
     return path
 

@@ -71,11 +71,18 @@ def tiny_model_cmd(
     out: Path = typer.Option(..., "--out", help="Directory to write the checkpoint to."),
     family: str = typer.Option("qwen3_vl", "--family", help="qwen3_vl | qwen2_5_vl | qwen3_5"),
     seed: int = typer.Option(0, "--seed"),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace --out even if Flora did not create it."
+    ),
 ) -> None:
     """Build a tiny random-initialised Qwen-VL checkpoint (offline, seconds)."""
     from flora.backends.tiny import build_tiny_vlm
+    from flora.safety import OutputDirError
 
-    path = build_tiny_vlm(out, family=family, seed=seed)
+    try:
+        path = build_tiny_vlm(out, family=family, seed=seed, overwrite=overwrite)
+    except OutputDirError as e:  # never delete what Flora did not write: say so, exit 2
+        raise typer.BadParameter(str(e), param_hint="--out") from e
     typer.echo(str(path))
 
 

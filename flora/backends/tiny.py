@@ -16,12 +16,13 @@ and processors need. Being byte-level, it encodes any string.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
+
+from flora.safety import prepare_output_dir
 
 Family = Literal["qwen3_vl", "qwen2_5_vl", "qwen3_5"]
 FAMILIES: tuple[str, ...] = ("qwen3_vl", "qwen2_5_vl", "qwen3_5")
@@ -333,26 +334,36 @@ def _processor_files(out_dir: Path, family: str, patch_size: int, spec: TinySpec
     tcfg_path.write_text(json.dumps(tcfg, indent=2, sort_keys=True))
 
 
+#: ``kind`` of a tiny-model folder in its owner marker (:mod:`flora.safety`).
+TINY_MODEL_KIND = "tiny-model"
+#: Written last by :func:`build_tiny_vlm`: the checkpoint in this folder is complete.
+TINY_DONE_MARKER = "flora_tiny.json"
+
+
 def build_tiny_vlm(
     out_dir: str | Path,
     family: str = "qwen3_vl",
     seed: int = 0,
     spec: TinySpec | None = None,
-    overwrite: bool = True,
+    overwrite: bool = False,
 ) -> Path:
     """Build a tiny random-initialised ``family`` VLM checkpoint under ``out_dir``.
 
     ``family`` is ``"qwen3_vl"`` (default), ``"qwen2_5_vl"`` or ``"qwen3_5"`` (Qwen3.5:
     Gated-DeltaNet + full attention). Deterministic for a given ``seed`` (same bytes), a
     few seconds on a CPU, no network. Returns the directory.
+
+    ``out_dir`` may be missing, empty, or a tiny model built here before (it is replaced).
+    Anything else there — a dataset, a file — is refused with
+    :class:`flora.safety.OutputDirError` unless ``overwrite``: Flora never deletes data it
+    did not create.
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown tiny VLM family {family!r}; expected one of {FAMILIES}")
     spec = spec or TinySpec()
-    out = Path(out_dir)
-    if out.exists() and overwrite:
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output_dir(
+        out_dir, TINY_MODEL_KIND, overwrite=overwrite, markers=(TINY_DONE_MARKER,)
+    )
 
     from transformers import AutoModelForImageTextToText, GenerationConfig
 
@@ -371,10 +382,18 @@ def build_tiny_vlm(
     )
     model.save_pretrained(out)
     _processor_files(out, family, patch_size, spec)
-    (out / "flora_tiny.json").write_text(
+    (out / TINY_DONE_MARKER).write_text(
         json.dumps({"family": family, "seed": seed, "spec": spec.__dict__}, sort_keys=True)
     )
     return out
 
 
-__all__ = ["FAMILIES", "SPECIAL_TOKENS", "TinySpec", "build_tiny_vlm", "build_tokenizer"]
+__all__ = [
+    "FAMILIES",
+    "SPECIAL_TOKENS",
+    "TINY_DONE_MARKER",
+    "TINY_MODEL_KIND",
+    "TinySpec",
+    "build_tiny_vlm",
+    "build_tokenizer",
+]
