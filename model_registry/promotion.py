@@ -1,0 +1,400 @@
+"""Promotion gates, ``champion`` / ``challenger`` aliases, rollback and an audit trail.
+
+DESIGN §3.9. A registered version gets ``challenger`` on registration
+(:func:`model_registry.register.register_model`). :func:`promote` moves ``champion`` to it
+only when it passes the model's :class:`GatePolicy`:
+
+- every gated held-out metric is at least as good as the current champion's, plus the
+  gate's ``min_improvement`` (direction-aware: lower is better for MAE / L1);
+- every gated metric clears its absolute ``floor`` (a ceiling when lower is better);
+- the parse rate clears ``min_parse_rate``;
+- the tables the evaluation produced passed their GX suites (``flora.suites`` tag).
+
+A refusal changes no alias and records the reasons. Evaluation results live on the version
+as tags (``flora.eval.<metric>``, written by :func:`record_evaluation`), so the registry
+alone decides; the source run's ``eval.<metric>`` metrics are the fallback.
+
+Every decision is an audit tag on the version it concerns
+(``flora.audit.<UTC time>.<event>`` → JSON). The new champion remembers the one it replaced
+(``flora.previous_champion``), which is what :func:`rollback` restores.
+
+Concurrency: promotions and rollbacks of one model hold an inter-process file lock under
+``<FLORA_HOME>/registry-locks``, and gates are evaluated inside it against the champion of
+that moment, so two concurrent promotions serialise and leave one consistent champion. With
+a remote tracking server the lock only covers one machine: production serialises registry
+tasks through the Airflow pool ``flora-registry`` (one slot), see docs/lifecycle.md.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from model_registry.register import CHALLENGER, MODEL_NAMES, RegistryError
+
+CHAMPION = "champion"
+EVAL_PREFIX = "flora.eval."
+SUITES_TAG = "flora.suites"  # "passed" | "failed"
+PREVIOUS_TAG = "flora.previous_champion"
+AUDIT_PREFIX = "flora.audit."
+POLICY_NAME = "flora-policy"
+
+
+def registered_name(model: str) -> str:
+    """``segmenter`` → ``flora-segmenter`` (a full registered name passes through)."""
+    if model in MODEL_NAMES:
+        return MODEL_NAMES[model]
+    if model == "policy":
+        return POLICY_NAME
+    if model in (*MODEL_NAMES.values(), POLICY_NAME):
+        return model
+    raise RegistryError(
+        f"unknown model {model!r}; expected one of {[*MODEL_NAMES, 'policy']} "
+        "or their registered names"
+    )
+
+
+@dataclass(frozen=True)
+class MetricGate:
+    """One held-out metric a challenger must hold against the champion and a floor."""
+
+    name: str
+    higher_is_better: bool = True
+    min_improvement: float = 0.0  # over the champion, in the metric's good direction
+    floor: float | None = None  # absolute bound (a ceiling when lower is better)
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    """Everything a challenger must pass to become ``champion``."""
+
+    gates: tuple[MetricGate, ...]
+    min_parse_rate: float | None = 0.95
+    require_suites: bool = True
+
+
+# Defaults per model: gated metrics are the ones `flora eval model` reports (docs/training.md).
+DEFAULT_POLICIES: dict[str, GatePolicy] = {
+    "flora-segmenter": GatePolicy(
+        (MetricGate("r_seg", floor=0.2), MetricGate("f1_50", floor=0.1)),
+    ),
+    "flora-captioner": GatePolicy((MetricGate("r_cap_all", floor=0.2),)),
+    "flora-rewarder": GatePolicy(
+        (
+            MetricGate("outcome_mae", higher_is_better=False, floor=1.5),
+            MetricGate("dense_accuracy", floor=0.5),
+            MetricGate("rubric_l1", higher_is_better=False, floor=0.6),
+        )
+    ),
+    POLICY_NAME: GatePolicy(
+        (MetricGate("val_loss", higher_is_better=False),),
+        min_parse_rate=None,
+        require_suites=False,
+    ),
+}
+
+
+@dataclass
+class GateDecision:
+    """Outcome of the gates for one challenger (``reasons`` empty when it passed)."""
+
+    model: str
+    version: str
+    champion: str | None
+    passed: bool
+    reasons: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    champion_metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class PromotionResult:
+    """What :func:`promote` did."""
+
+    decision: GateDecision
+    promoted: bool
+    champion: str | None  # the champion after the call
+    previous: str | None  # the champion before the call
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def _client():
+    from mlflow import MlflowClient
+
+    from flora.tracking import configure
+
+    configure()
+    return MlflowClient()
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def _actor(actor: str | None) -> str:
+    if actor:
+        return actor
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user database in some containers
+        return "unknown"
+
+
+def _alias_version(client: Any, name: str, alias: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
+def _resolve(client: Any, name: str, ref: str | int | None) -> str:
+    """A version number from a version or an alias (default ``challenger``)."""
+    from mlflow.exceptions import MlflowException
+
+    ref = CHALLENGER if ref is None else str(ref)
+    if ref.isdigit():
+        try:
+            client.get_model_version(name, ref)
+        except MlflowException as e:
+            raise RegistryError(f"{name} has no version {ref}") from e
+        return ref
+    v = _alias_version(client, name, ref)
+    if v is None:
+        raise RegistryError(f"{name} has no version with alias {ref!r}")
+    return v
+
+
+def _audit(client: Any, name: str, version: str, event: str, payload: Mapping[str, Any]) -> None:
+    client.set_model_version_tag(
+        name, version, f"{AUDIT_PREFIX}{_now()}.{event}", json.dumps(payload, sort_keys=True)
+    )
+
+
+@contextmanager
+def _locked(name: str) -> Iterator[None]:
+    from filelock import FileLock
+
+    from flora.settings import get_settings
+
+    d = get_settings().home / "registry-locks"
+    d.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(d / f"{name}.lock"), timeout=600):
+        yield
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def record_evaluation(
+    model: str,
+    version: str | int,
+    metrics: Mapping[str, float],
+    *,
+    suites_passed: bool | None = None,
+    eval_run_id: str | None = None,
+) -> None:
+    """Store held-out metrics (and the suites' verdict) on a version for the gates."""
+    client = _client()
+    name = registered_name(model)
+    v = _resolve(client, name, version)
+    for k, val in metrics.items():
+        client.set_model_version_tag(name, v, f"{EVAL_PREFIX}{k}", repr(float(val)))
+    if suites_passed is not None:
+        client.set_model_version_tag(name, v, SUITES_TAG, "passed" if suites_passed else "failed")
+    if eval_run_id:
+        client.set_model_version_tag(name, v, "flora.eval_run_id", eval_run_id)
+
+
+def version_metrics(model: str, version: str | int) -> dict[str, float]:
+    """Held-out metrics of a version: its ``flora.eval.*`` tags, else its run's ``eval.*``."""
+    client = _client()
+    name = registered_name(model)
+    mv = client.get_model_version(name, str(version))
+    out = {k[len(EVAL_PREFIX) :]: float(v) for k, v in mv.tags.items() if k.startswith(EVAL_PREFIX)}
+    if not out and mv.run_id:
+        run = client.get_run(mv.run_id)
+        out = {k[5:]: float(v) for k, v in run.data.metrics.items() if k.startswith("eval.")}
+    return out
+
+
+def _better(a: float, b: float, gate: MetricGate) -> bool:
+    """``a`` clears ``b`` plus the required improvement, in the gate's direction."""
+    if gate.higher_is_better:
+        return a >= b + gate.min_improvement
+    return a <= b - gate.min_improvement
+
+
+def evaluate_gates(
+    model: str, version: str | int | None = None, policy: GatePolicy | None = None
+) -> GateDecision:
+    """Check a version (default: the ``challenger``) against the current champion."""
+    client = _client()
+    name = registered_name(model)
+    v = _resolve(client, name, version)
+    policy = policy or DEFAULT_POLICIES[name]
+    champ = _alias_version(client, name, CHAMPION)
+    mine = version_metrics(name, v)
+    theirs = version_metrics(name, champ) if champ and champ != v else {}
+    reasons: list[str] = []
+    for g in policy.gates:
+        val = mine.get(g.name)
+        if val is None or not math.isfinite(val):
+            reasons.append(f"{g.name}: no held-out value recorded for version {v}")
+            continue
+        if g.floor is not None:
+            ok = val >= g.floor if g.higher_is_better else val <= g.floor
+            if not ok:
+                word = "below floor" if g.higher_is_better else "above ceiling"
+                reasons.append(f"{g.name}={val:.4g} {word} {g.floor:.4g}")
+        ref = theirs.get(g.name)
+        if champ and champ != v and ref is not None and not _better(val, ref, g):
+            need = "higher" if g.higher_is_better else "lower"
+            reasons.append(
+                f"{g.name}={val:.4g} vs champion v{champ} {ref:.4g} "
+                f"(needs {need} by >= {g.min_improvement:g})"
+            )
+    if policy.min_parse_rate is not None:
+        pr = mine.get("parse_rate")
+        if pr is None or not pr >= policy.min_parse_rate:
+            reasons.append(f"parse_rate={pr} below {policy.min_parse_rate}")
+    if policy.require_suites:
+        mv = client.get_model_version(name, v)
+        verdict = mv.tags.get(SUITES_TAG)
+        if verdict != "passed":
+            reasons.append(f"table suites: {verdict or 'not recorded'}")
+    return GateDecision(name, v, champ, not reasons, reasons, mine, theirs)
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+def promote(
+    model: str,
+    version: str | int | None = None,
+    *,
+    policy: GatePolicy | None = None,
+    actor: str | None = None,
+    force: bool = False,
+) -> PromotionResult:
+    """Make ``version`` (default: ``challenger``) the champion if it passes the gates.
+
+    A refused promotion leaves every alias as it was and records the reasons on the
+    version. ``force`` promotes despite failed gates (recorded as forced, with reasons).
+    """
+    name = registered_name(model)
+    with _locked(name):
+        client = _client()
+        decision = evaluate_gates(name, version, policy)
+        v, prev = decision.version, decision.champion
+        who = _actor(actor)
+        if prev == v:
+            return PromotionResult(decision, False, prev, prev)
+        if not decision.passed and not force:
+            _audit(client, name, v, "refused", {"by": who, "champion": prev,
+                                                "reasons": decision.reasons})  # fmt: skip
+            return PromotionResult(decision, False, prev, prev)
+        client.set_model_version_tag(name, v, PREVIOUS_TAG, prev or "")
+        client.set_registered_model_alias(name, CHAMPION, v)
+        event = "forced" if not decision.passed else "promoted"
+        _audit(client, name, v, event, {"by": who, "previous": prev, "reasons": decision.reasons,
+                                        "metrics": decision.metrics})  # fmt: skip
+        if _alias_version(client, name, CHAMPION) != v:  # another writer outside the lock
+            raise RegistryError(f"{name}: champion changed during promotion of v{v}")
+        return PromotionResult(decision, True, v, prev)
+
+
+def rollback(model: str, *, actor: str | None = None) -> tuple[str, str]:
+    """Move ``champion`` back to the champion it replaced; returns (from, to)."""
+    name = registered_name(model)
+    with _locked(name):
+        client = _client()
+        cur = _alias_version(client, name, CHAMPION)
+        if cur is None:
+            raise RegistryError(f"{name} has no champion to roll back")
+        prev = client.get_model_version(name, cur).tags.get(PREVIOUS_TAG) or ""
+        if not prev:
+            raise RegistryError(f"{name} v{cur} has no previous champion to roll back to")
+        client.set_registered_model_alias(name, CHAMPION, prev)
+        who = _actor(actor)
+        _audit(client, name, cur, "rolled_back", {"by": who, "to": prev})
+        _audit(client, name, prev, "restored", {"by": who, "from": cur})
+        return cur, prev
+
+
+def audit_trail(model: str, version: str | int) -> list[dict[str, Any]]:
+    """A version's audit events, oldest first."""
+    client = _client()
+    name = registered_name(model)
+    mv = client.get_model_version(name, str(version))
+    out = []
+    for k in sorted(t for t in mv.tags if t.startswith(AUDIT_PREFIX)):
+        stamp, _, event = k[len(AUDIT_PREFIX) :].rpartition(".")
+        out.append({"time": stamp, "event": event, **json.loads(mv.tags[k])})
+    return out
+
+
+def list_versions(model: str) -> list[dict[str, Any]]:
+    """Every version of a model with its aliases, run, lineage and gated metrics."""
+    client = _client()
+    name = registered_name(model)
+    rm = client.get_registered_model(name)
+    aliases: dict[str, list[str]] = {}
+    for a, ver in (rm.aliases or {}).items():
+        aliases.setdefault(str(ver), []).append(a)
+    rows = []
+    for mv in client.search_model_versions(f"name='{name}'"):
+        rows.append(
+            {
+                "name": name,
+                "version": str(mv.version),
+                "aliases": sorted(aliases.get(str(mv.version), [])),
+                "run_id": mv.run_id,
+                "created": datetime.fromtimestamp(mv.creation_timestamp / 1000, UTC).isoformat(),
+                "source": mv.source,
+                "metrics": {
+                    k[len(EVAL_PREFIX) :]: float(v)
+                    for k, v in mv.tags.items()
+                    if k.startswith(EVAL_PREFIX)
+                },
+                "lineage": {
+                    k: v
+                    for k, v in mv.tags.items()
+                    if k.startswith("flora.") and not k.startswith((EVAL_PREFIX, AUDIT_PREFIX))
+                },
+            }
+        )
+    return sorted(rows, key=lambda r: int(r["version"]))
+
+
+def decision_dict(decision: GateDecision) -> dict[str, Any]:
+    """JSON-ready form of a decision (CLI ``--json``)."""
+    return asdict(decision)
+
+
+__all__ = [
+    "CHAMPION",
+    "DEFAULT_POLICIES",
+    "GateDecision",
+    "GatePolicy",
+    "MetricGate",
+    "PromotionResult",
+    "audit_trail",
+    "decision_dict",
+    "evaluate_gates",
+    "list_versions",
+    "promote",
+    "record_evaluation",
+    "registered_name",
+    "rollback",
+    "version_metrics",
+]

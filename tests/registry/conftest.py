@@ -1,0 +1,57 @@
+"""Registry fixtures: real MLflow (SQLite under an isolated FLORA_HOME) with real versions."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def registry_home(tmp_path_factory):
+    """One FLORA_HOME (one SQLite store) per module: creating the MLflow schema is the
+    slow part, so tests share it and start from an empty registry instead."""
+    from flora.settings import get_settings
+
+    home = tmp_path_factory.mktemp("registry") / "flora_home"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLORA_HOME", str(home))
+        mp.delenv("FLORA_MLFLOW_TRACKING_URI", raising=False)
+        get_settings.cache_clear()
+        yield home
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def make_version(registry_home, tmp_path):
+    """``make_version(model, metrics, suites=True) -> version`` registered in MLflow.
+
+    Each version is a real run with a small logged artifact, registered through the
+    MLflow client; its held-out metrics are recorded the way ``flora eval model`` does.
+    """
+    import mlflow
+    from mlflow import MlflowClient
+
+    from flora.tracking import configure, ensure_experiment
+    from model_registry.promotion import record_evaluation, registered_name
+
+    configure()
+    exp = ensure_experiment("flora-test-registry")
+    client = MlflowClient()
+    for rm in client.search_registered_models():  # every test starts from an empty registry
+        client.delete_registered_model(rm.name)
+
+    def make(model: str, metrics: dict[str, float], suites: bool | None = True) -> str:
+        name = registered_name(model)
+        try:
+            client.create_registered_model(name)
+        except mlflow.exceptions.MlflowException:
+            pass
+        with mlflow.start_run(experiment_id=exp) as run:
+            f = tmp_path / f"weights-{run.info.run_id}.txt"
+            f.write_text("weights")
+            mlflow.log_artifact(str(f), artifact_path="model")
+        src = f"{run.info.artifact_uri}/model"
+        mv = client.create_model_version(name, src, run_id=run.info.run_id)
+        record_evaluation(model, mv.version, metrics, suites_passed=suites)
+        return str(mv.version)
+
+    return make
