@@ -74,3 +74,45 @@ def isolated_home(tmp_path, monkeypatch):
     get_settings.cache_clear()
     yield home
     get_settings.cache_clear()
+
+
+def run_dvc(args: list[str], cwd) -> str:
+    """Run the ``dvc`` CLI of this environment in ``cwd`` (site cache kept inside it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dvc = str(Path(sys.executable).parent / "dvc")
+    env = {**os.environ, "DVC_SITE_CACHE_DIR": str(Path(cwd) / ".flora" / "dvc-site-cache")}
+    p = subprocess.run([dvc, *args], cwd=cwd, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, f"dvc {' '.join(args)} failed:\n{p.stdout}\n{p.stderr}"
+    return p.stdout
+
+
+@pytest.fixture(scope="session")
+def demo_repo(tmp_path_factory):
+    """A scratch git repo with this repo's DVC setup and the demo dataset, ``dvc add``-ed.
+
+    The dataset is generated exactly as ``make demo`` does (``flora.demo.generate_dataset``
+    with the demo's episodes and seed) into ``<repo>/datasets/toy_world``, so the scratch
+    ``datasets.dvc`` must equal the committed one. Session-wide: generating the 10-episode
+    toy world is the expensive part (~30-60 s on 2 shared cores), and both the DVC tests
+    and the CI data checks (tests/validation/test_ci_data_checks.py) use it. Tests that
+    change it must restore it (the push/pull test does).
+    """
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from flora.demo import DEMO_EPISODES, DEMO_SEED, generate_dataset
+
+    src = Path(__file__).resolve().parents[1]
+    repo = tmp_path_factory.mktemp("dvc") / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    shutil.copytree(src / ".dvc", repo / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))
+    shutil.copy(src / ".dvcignore", repo / ".dvcignore")
+    shutil.copy(src / ".gitignore", repo / ".gitignore")
+    generate_dataset(repo / "datasets" / "toy_world", DEMO_EPISODES, DEMO_SEED)
+    run_dvc(["add", "datasets"], repo)
+    return repo

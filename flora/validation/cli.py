@@ -231,9 +231,13 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
     @app.command("validate-table")
     def validate_table_cmd(
-        table: str = typer.Argument(..., help="Table name, e.g. events, outcome."),
+        table: str = typer.Argument(
+            ...,
+            help="Table name (events, captions, outcome, ...), or 'all' for every table "
+            "folder under PATH.",
+        ),
         path: Path = typer.Argument(
-            ..., exists=True, help="A Parquet file or a TableStore table folder."
+            ..., exists=True, help="A Parquet file, a table folder, or (with 'all') a table root."
         ),
         json_out: JsonOpt = None,
         strict: StrictOpt = False,
@@ -241,61 +245,92 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         docs: Path | None = DocsOpt,
         no_docs: bool = NoDocsOpt,
     ) -> None:
-        """Validate an engine table (Parquet) against its GX suite.
+        """Validate engine tables (Parquet) against their GX suites.
 
-        Exit 0 when it passes, 3 when only some episodes' rows fail (1 with --strict), 1
-        when the table fails as a whole.
+        Exit 0 when they pass, 3 when only some episodes' rows fail (1 with --strict), 1
+        when a table fails as a whole.
         """
-        import pandas as pd
-
         from flora.data.episode import FloraDataError
-        from flora.validation.core import get_suite, registered_tables, validate_table
+        from flora.validation.core import registered_tables, validate_table
 
-        if table not in registered_tables():
+        known = registered_tables()
+        if table == "all":
+            targets = [(d.name, d) for d in sorted(path.iterdir()) if d.is_dir()
+                       and d.name in known and any(d.glob("*.parquet"))]  # fmt: skip
+            if not targets:
+                raise FloraDataError(
+                    f"no table folder with Parquet parts under {path} (tables: {', '.join(known)})",
+                    file=path,
+                )
+        elif table in known:
+            targets = [(table, path)]
+        else:
             raise typer.BadParameter(
-                f"no suite for table {table!r} (known: {', '.join(registered_tables())})",
+                f"no suite for table {table!r} (known: all, {', '.join(known)})",
                 param_hint="TABLE",
             )
-        get_suite(table)
-        parts = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
-        if not parts:
-            raise FloraDataError(f"no Parquet parts in {path}", file=path, field=table)
-        frames = []
-        for p in parts:
-            try:
-                frames.append(pd.read_parquet(p))
-            except Exception as e:  # noqa: BLE001 - any unreadable part is a data error
-                raise FloraDataError(
-                    f"unreadable Parquet ({type(e).__name__}: {e})", file=p, field=table
-                ) from e
-        df = pd.concat(frames, ignore_index=True)
+        loaded = [(name, where, _read_parquet(where, name)) for name, where in targets]
         with report_output(json_out) as rep:
-            out = sys.stdout
-            report = validate_table(table, df)
-            if _use_lines(out, lines):
-                for line in table_problem_lines(report, str(path)):
-                    print(line, file=out)
-                st = report.statistics
-                print(
-                    f"summary: {table} {'PASSED' if report.success else 'FAILED'} "
-                    f"{st['successful']}/{st['evaluated']} expectations, {report.row_count} "
-                    f"rows, {len(report.failing_episodes)} failing episode(s)",
-                    file=out,
-                )
-            else:
-                from rich.console import Console
-                from rich.text import Text
-
-                console = Console(file=out)
-                style = "green" if report.success else "red"
-                console.print(Text(report.summary(), style=style))
-                for r in report.failures:
-                    for row in r.samples[:3]:
-                        console.print(f"    e.g. {row}", markup=False)
-            docs_index = _write_docs([report], _docs_dir(json_out, docs, no_docs))
-            n_eps = int(df["episode_id"].nunique()) if "episode_id" in df.columns else 0
-            code = table_exit_code(report, n_eps, strict)
-            rep.emit(
-                {**report.to_dict(), "path": str(path), "data_docs": docs_index, "exit_code": code}
-            )
+            out = sys.stdout  # stderr under --json -
+            use_lines = _use_lines(out, lines)
+            results: dict[str, Any] = {}
+            codes: list[int] = []
+            reports = []
+            for name, where, df in loaded:
+                report = validate_table(name, df)
+                reports.append(report)
+                n_eps = int(df["episode_id"].nunique()) if "episode_id" in df.columns else 0
+                code = table_exit_code(report, n_eps, strict)
+                codes.append(code)
+                results[name] = {**report.to_dict(), "path": str(where), "exit_code": code}
+                if use_lines:
+                    for line in table_problem_lines(report, str(where)):
+                        print(line, file=out)
+                    st = report.statistics
+                    print(
+                        f"summary: {name} {'PASSED' if report.success else 'FAILED'} "
+                        f"{st['successful']}/{st['evaluated']} expectations, "
+                        f"{report.row_count} rows, {len(report.failing_episodes)} failing "
+                        f"episode(s) [{where}]",
+                        file=out,
+                    )
+                else:
+                    _print_table_report(report, out)
+            docs_index = _write_docs(reports, _docs_dir(json_out, docs, no_docs))
+            code = EXIT_FAILED if EXIT_FAILED in codes else max(codes)
+            payload = results[table] if table != "all" else {"tables": results}
+            rep.emit({**payload, "data_docs": docs_index, "exit_code": code})
         raise typer.Exit(code)
+
+
+def _read_parquet(path: Path, table: str) -> Any:
+    """One table from a Parquet file or a folder of parts; unreadable -> FloraDataError."""
+    import pandas as pd
+
+    from flora.data.episode import FloraDataError
+
+    parts = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    if not parts:
+        raise FloraDataError(f"no Parquet parts in {path}", file=path, field=table)
+    frames = []
+    for p in parts:
+        try:
+            frames.append(pd.read_parquet(p))
+        except Exception as e:  # noqa: BLE001 - any unreadable part is a data error
+            raise FloraDataError(
+                f"unreadable Parquet ({type(e).__name__}: {e})", file=p, field=table
+            ) from e
+    return pd.concat(frames, ignore_index=True)
+
+
+def _print_table_report(report: Any, stream: TextIO) -> None:
+    """The terminal form of one table report."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(file=stream)
+    style = "green" if report.success else "red"
+    console.print(Text(report.summary(), style=style))
+    for r in report.failures:
+        for row in r.samples[:3]:
+            console.print(f"    e.g. {row}", markup=False)

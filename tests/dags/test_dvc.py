@@ -7,17 +7,12 @@ recorded in the committed ``datasets.dvc`` (else the pointer is stale).
 from __future__ import annotations
 
 import filecmp
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-DVC = str(Path(sys.executable).parent / "dvc")
 
 
 def test_repo_dvc_config_points_inside_the_repo():
@@ -35,27 +30,13 @@ def test_repo_dvc_config_points_inside_the_repo():
 
 
 def _dvc(args: list[str], cwd: Path) -> str:
-    env = {**os.environ, "DVC_SITE_CACHE_DIR": str(cwd / ".flora" / "dvc-site-cache")}
-    p = subprocess.run([DVC, *args], cwd=cwd, env=env, capture_output=True, text=True)
-    assert p.returncode == 0, f"dvc {' '.join(args)} failed:\n{p.stdout}\n{p.stderr}"
-    return p.stdout
+    from tests.conftest import run_dvc
+
+    return run_dvc(args, cwd)
 
 
-@pytest.fixture(scope="module")
-def demo_repo(tmp_path_factory):
-    """A scratch git repo with this repo's DVC setup and a freshly generated demo dataset."""
-    from flora.data.synth import generate
-    from flora.demo import DEMO_EPISODES, DEMO_SEED
-
-    repo = tmp_path_factory.mktemp("dvc") / "repo"
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    shutil.copytree(REPO / ".dvc", repo / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))
-    shutil.copy(REPO / ".dvcignore", repo / ".dvcignore")
-    shutil.copy(REPO / ".gitignore", repo / ".gitignore")
-    generate(repo / "datasets" / "toy_world", DEMO_EPISODES, DEMO_SEED, progress=False)
-    _dvc(["add", "datasets"], repo)
-    return repo
+# ``demo_repo`` (a scratch repo with the demo dataset ``dvc add``-ed) is a session fixture
+# in tests/conftest.py: the CI data checks validate the same regenerated dataset.
 
 
 def test_committed_pointer_matches_regenerated_demo_dataset(demo_repo):
