@@ -16,13 +16,51 @@ from av.video.frame import PictureType
 
 from flora.data.episode import FloraDataError
 
+# x264 settings that make the encoder a pure function of its input frames: one thread,
+# no sliced threads, no asynchronous lookahead thread (x264's defaults with threads=1,
+# spelled out so a libavcodec default or a global option cannot change them).
+X264_DETERMINISTIC = "threads=1:lookahead-threads=1:sliced-threads=0:sync-lookahead=0"
+
+
+def rgb_to_yuv420p(img: np.ndarray) -> np.ndarray:
+    """(H, W, 3) uint8 RGB -> (H*3/2, W) uint8 I420 planes (Y, then U, then V).
+
+    BT.601 limited range (what libswscale does by default, so decoded colours stay put),
+    in exact integer arithmetic: 8-bit fixed-point coefficients with rounding, chroma as
+    the rounded mean of each 2x2 block. Doing it here instead of letting PyAV call
+    libswscale is the determinism fix (docs/dataset.md): libswscale's SIMD and C
+    conversions are not bit-exact with each other and which one runs is picked at run
+    time, so its output was not a pure function of the frame.
+    """
+    if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
+        raise ValueError(f"expected (H, W, 3) uint8 RGB, got {img.shape} {img.dtype}")
+    h, w = img.shape[:2]
+    if h % 2 or w % 2:
+        raise ValueError(f"yuv420p needs even frame sizes, got {w}x{h}")
+    x = img.astype(np.int32)
+    r, g, b = x[..., 0], x[..., 1], x[..., 2]
+    y = ((66 * r + 129 * g + 25 * b + 128) >> 8) + 16
+    u = -38 * r - 74 * g + 112 * b
+    v = 112 * r - 94 * g - 18 * b
+
+    def sub(c: np.ndarray) -> np.ndarray:
+        s = c[0::2, 0::2] + c[1::2, 0::2] + c[0::2, 1::2] + c[1::2, 1::2]
+        return ((s + 512) >> 10) + 128  # mean of 4 then >> 8, rounded: one shift by 10
+
+    planes = [y.reshape(-1), sub(u).reshape(-1), sub(v).reshape(-1)]
+    return np.concatenate(planes).astype(np.uint8).reshape(h * 3 // 2, w)
+
 
 class VideoWriter:
-    """Encode RGB frames to H.264/yuv420p MP4, deterministically (one encoder thread).
+    """Encode RGB frames to H.264/yuv420p MP4, deterministically.
 
-    ``gop`` is the keyframe interval in frames (scene-cut keyframes are disabled so the
-    structure is predictable); ``add(..., keyframe=True)`` forces an IDR frame, used at
-    every episode start so a concatenated v3.0 file can be cut per episode.
+    The bytes are a pure function of the frames and the arguments (for one PyAV/x264
+    build on one CPU family): RGB -> YUV is converted here in integer numpy
+    (``rgb_to_yuv420p``), never by libswscale, and x264 runs single-threaded
+    (``X264_DETERMINISTIC``). ``gop`` is the keyframe interval in frames (scene-cut
+    keyframes are disabled so the structure is predictable); ``add(..., keyframe=True)``
+    forces an IDR frame, used at every episode start so a concatenated v3.0 file can be
+    cut per episode.
     """
 
     def __init__(
@@ -41,19 +79,27 @@ class VideoWriter:
         self.container = av.open(str(self.path), "w", format="mp4")
         st = self.container.add_stream("libx264", rate=fps)
         st.width, st.height, st.pix_fmt = width, height, "yuv420p"
-        st.codec_context.thread_count = 1  # determinism: same bytes for the same frames
+        st.codec_context.thread_count = 1
         st.options = {
             "preset": preset,
             "crf": str(crf),
             "threads": "1",
-            "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0",
+            "x264-params": (
+                f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:{X264_DETERMINISTIC}"
+            ),
         }
         self.stream = st
+        self.width, self.height = width, height
         self.n = 0
 
     def add(self, img: np.ndarray, *, keyframe: bool = False) -> None:
         """Append one (H, W, 3) uint8 RGB frame."""
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
+        if img.shape[:2] != (self.height, self.width):
+            raise ValueError(
+                f"frame is {img.shape[1]}x{img.shape[0]}, stream is {self.width}x{self.height}"
+            )
+        # Already yuv420p at the stream's size, so PyAV hands it to x264 unconverted.
+        frame = av.VideoFrame.from_ndarray(rgb_to_yuv420p(img), format="yuv420p")
         frame.pts = self.n
         if keyframe:
             frame.pict_type = PictureType.I
