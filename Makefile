@@ -27,6 +27,7 @@ demo: venv
 	$(VENV)/bin/python -m flora.demo
 
 test: venv
+	tools/ensure_chromium.sh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 

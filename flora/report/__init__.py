@@ -1,0 +1,1 @@
+"""flora.report: self-contained HTML reports per run and per episode."""
