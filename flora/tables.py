@@ -234,8 +234,9 @@ class TableStore:
             except FileNotFoundError:  # another process moved or cleared it meanwhile
                 continue
             except (FailureRecordError, OSError) as e:
-                self._quarantine(table, p, str(e))
-                if "~" in p.stem:  # its episode is unknown but its key is not: redo it
+                moved = self._quarantine(table, p, str(e))
+                if moved is not None and "~" in p.stem:
+                    # Its episode id is unreadable but its key is not: redo that episode.
                     mark = self._dir(table) / PENDING_DIR / p.stem
                     _atomic_write(mark, lambda f: f.write(b""))
         return out
@@ -280,17 +281,26 @@ class TableStore:
     # ---- repair -----------------------------------------------------------------------
 
     def _quarantine(self, table: str, path: Path, why: str) -> Path | None:
-        """Move ``path`` under ``<table>/_quarantine/`` and report it."""
+        """Move ``path`` under ``<table>/_quarantine/`` and report it.
+
+        Never raises: on a store that cannot be changed (read-only artifact) the problem
+        is reported and the file left where it is (readers skip it anyway).
+        """
         qdir = self.root / table / QUARANTINE_DIR / path.parent.name
-        qdir.mkdir(parents=True, exist_ok=True)
         dest = qdir / path.name
-        n = 0
-        while dest.exists():
-            n += 1
-            dest = qdir / f"{path.name}.{n}"
         try:
+            qdir.mkdir(parents=True, exist_ok=True)
+            n = 0
+            while dest.exists():
+                n += 1
+                dest = qdir / f"{path.name}.{n}"
             os.replace(path, dest)
         except FileNotFoundError:  # already moved by a concurrent reader
+            return None
+        except OSError as e:
+            msg = f"table {table!r}: {why}; could not move it aside ({e}), skipped"
+            log.warning(msg)
+            self.problems.append(msg)
             return None
         msg = f"table {table!r}: {why}; moved to {dest}"
         log.warning(msg)
@@ -308,6 +318,14 @@ class TableStore:
         self._migrated.add(table)
         if not d.is_dir() or (d / LAYOUT_FILE).exists():
             return
+        try:
+            self._migrate_files(table, d)
+        except OSError as e:  # e.g. a read-only artifact: still readable as it is
+            msg = f"table {table!r}: old part names not migrated ({e})"
+            log.warning(msg)
+            self.problems.append(msg)
+
+    def _migrate_files(self, table: str, d: Path) -> None:
         for p in sorted(d.glob("*.parquet")):
             if "~" in p.stem:
                 continue
