@@ -340,9 +340,9 @@ def create_app(
         "deadline_exceeded": 0,
         "stopped_generations": 0,  # generations stopped early (disconnect or deadline)
     }
-    # PIL's own decompression-bomb guard, at the same limit (it raises above twice it).
-    # The explicit header check in decode_image refuses first; this covers any decoder
-    # that allocates while opening.
+    # PIL's own decompression-bomb guard, at the same limit: Image.open raises above twice
+    # it (before any pixel is decoded) and only warns between 1x and 2x, where the explicit
+    # header check in decode_image refuses. Process-wide: this process serves one model.
     Image.MAX_IMAGE_PIXELS = s.serve_max_image_pixels
     limits = {
         "max_body_bytes": s.serve_max_body_bytes,
