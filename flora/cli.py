@@ -36,6 +36,7 @@ def _register() -> None:
         "flora.curate.cli",
         "flora.export.cli",
         "flora.report.cli",
+        "model_registry.cli",
     ):
         try:
             m = importlib.import_module(mod)
