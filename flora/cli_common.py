@@ -179,7 +179,6 @@ class Report:
             p = Path(self.dest)
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text + "\n")
-            typer.echo(f"report written to {p}", err=True)
 
 
 @contextlib.contextmanager
@@ -300,7 +299,8 @@ def finish_step(
     """Emit the report (with ``exit_code``) and leave with the documented status."""
     code = step_exit_code(rows=rows, failed=failed, strict=strict, valid=valid)
     report.emit({**payload, "exit_code": code})
-    typer.echo(status_line(code, rows=rows, failed=failed, valid=valid), err=True)
+    if code != EXIT_OK:  # say why the status is not 0 (0 needs no explanation)
+        typer.echo(status_line(code, rows=rows, failed=failed, valid=valid), err=True)
     raise typer.Exit(code)
 
 

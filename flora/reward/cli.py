@@ -21,6 +21,8 @@ from flora.cli_common import (
     print_metrics,
     report_output,
     settings_with_backend,
+    status_line,
+    step_exit_code,
 )
 
 
@@ -251,9 +253,14 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
                 run_id = log_benchmark(result, params)
                 typer.echo(f"MLflow run {run_id}")
                 payload["mlflow_run_id"] = run_id
-            if not rep.to_stdout:
-                typer.echo(json.dumps(result.metrics, sort_keys=True, default=float))
             steps = list(result.steps.values())
-            finish_step(rep, payload, rows=sum(_table_rows(s) for s in steps),
-                        failed=sum(len(s.failures) for s in steps), strict=strict,
-                        valid=all(_valid(s) for s in steps))  # fmt: skip
+            rows = sum(_table_rows(s) for s in steps)
+            failed = sum(len(s.failures) for s in steps)
+            valid = all(_valid(s) for s in steps)
+            code = step_exit_code(rows=rows, failed=failed, strict=strict, valid=valid)
+            rep.emit({**payload, "exit_code": code})
+            if code:
+                typer.echo(status_line(code, rows=rows, failed=failed, valid=valid), err=True)
+            if not rep.to_stdout:  # the metrics as one JSON line, last (scripts read it)
+                typer.echo(json.dumps(result.metrics, sort_keys=True, default=float))
+            raise typer.Exit(code)
