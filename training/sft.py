@@ -643,18 +643,23 @@ def train_sft(
                     for k, v in collate(micro, processor, recipe.max_length).items()
                 }
                 ce = summed_ce(engine, batch)
-                if not torch.isfinite(ce):
+                # Every rank learns of a non-finite loss anywhere, so all stop together.
+                if _all_sum(0.0 if bool(torch.isfinite(ce)) else 1.0) > 0:
                     raise DivergedError(
-                        f"{recipe.model}: loss is {ce.item()} at step {step + 1} (micro-batch "
+                        f"{recipe.model}: loss is not finite at step {step + 1} (micro-batch "
                         f"{m}); stopped before the optimizer step, last good checkpoint: "
                         f"{latest_checkpoint(ckpt_root) or 'none'}"
                     )
                 engine.backward(ce * scale)
+                # DeepSpeed's contract: step() after every micro-batch; it reduces gradients
+                # and updates the weights only at the accumulation boundary (the last one).
+                engine.step()
                 loss_sum += float(ce.detach())
             loss = _all_sum(loss_sum) / count
-            if not math.isfinite(loss):
-                raise DivergedError(f"{recipe.model}: loss is {loss} at step {step + 1}")
-            engine.step()
+            if engine.global_steps != step + 1:
+                raise TrainingError(
+                    f"DeepSpeed took {engine.global_steps} optimizer steps, expected {step + 1}"
+                )
             step += 1
             last_loss = loss
             dt = time.perf_counter() - t0

@@ -1,0 +1,32 @@
+"""Fixtures of the training tests: one torch thread, the tiny base checkpoint, a mini set."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_finetune import single_torch_thread
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    with single_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> Path:
+    """The ``tiny`` size's random checkpoint (init_std 0.02), built once (read-only)."""
+    from training.sizes import build_base
+
+    return build_base("tiny", tmp_path_factory.mktemp("bases") / "tiny", overwrite=True)
+
+
+@pytest.fixture(scope="session")
+def mini_set(tmp_path_factory) -> Path:
+    """Four train + one held-out hand-made captioner examples (read-only)."""
+    from tests.training.helpers import mini_examples, write_set
+
+    return write_set(tmp_path_factory.mktemp("sets") / "mini", mini_examples())
