@@ -27,7 +27,7 @@ MAX_TEXT_CHARS = 4000
 
 
 def _clip(s: object, limit: int) -> str:
-    s = s if isinstance(s, str) else repr(s)
+    s = s if isinstance(s, str) else "" if s is None else repr(s)
     return s if len(s) <= limit else f"{s[:limit]}… [{len(s) - limit} more characters]"
 
 
