@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -67,9 +68,17 @@ def serve_cmd(
     )
 
 
+class Family(StrEnum):
+    """Qwen-VL architecture family of a tiny test checkpoint (flora.backends.tiny.FAMILIES)."""
+
+    qwen3_vl = "qwen3_vl"
+    qwen2_5_vl = "qwen2_5_vl"
+    qwen3_5 = "qwen3_5"
+
+
 def tiny_model_cmd(
     out: Path = typer.Option(..., "--out", help="Directory to write the checkpoint to."),
-    family: str = typer.Option("qwen3_vl", "--family", help="qwen3_vl | qwen2_5_vl | qwen3_5"),
+    family: Family = typer.Option(Family.qwen3_vl, "--family", help="Architecture family."),
     seed: int = typer.Option(0, "--seed"),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace --out even if Flora did not create it."
@@ -80,7 +89,7 @@ def tiny_model_cmd(
     from flora.safety import OutputDirError
 
     try:
-        path = build_tiny_vlm(out, family=family, seed=seed, overwrite=overwrite)
+        path = build_tiny_vlm(out, family=family.value, seed=seed, overwrite=overwrite)
     except OutputDirError as e:  # never delete what Flora did not write: say so, exit 2
         raise typer.BadParameter(str(e), param_hint="--out") from e
     typer.echo(str(path))

@@ -50,6 +50,7 @@ def test_choices_and_exit_rule_shown():
     assert "embedding|llm" in texts["flora eval caption"]
     assert "v3.0|v2.1|mp4" in texts["flora synth"]
     assert "exp|uniform" in texts["flora policy train"]
+    assert "qwen3_vl|qwen2_5_vl|qwen3_5" in texts["flora tiny-model"]
     root = texts["flora"]
     for line in ("0  every item good", "3  some items failed", "2  usage error", "--strict"):
         assert line in root
@@ -89,3 +90,24 @@ def test_make_plain_strips_rst_from_any_area():
     assert "`" not in text
     assert "Group of things." in text and "Write the outcome table via flora.reward" in text
     assert "Rows of events (Table)." in text and "See docs." in text
+
+
+def test_choice_enums_match_the_library():
+    """The CLI's choices are the library's own sets (a new one must be added to both)."""
+    from typing import get_args
+
+    from flora.backends.cli import Family
+    from flora.backends.tiny import FAMILIES
+    from flora.cli_common import Backend, Profile, RewardMode
+    from flora.data.cli import Layout
+    from flora.data.synth import LAYOUTS
+    from flora.policy.cli import Recipe
+    from flora.policy.recipes import recipe_names
+    from flora.reward.run import TABLES
+    from flora.segment.plan import PROFILES
+    from flora.settings import FloraSettings
+
+    assert tuple(Family) == FAMILIES and tuple(Layout) == LAYOUTS
+    assert sorted(Recipe) == recipe_names() and list(RewardMode) == list(TABLES)
+    assert set(Profile) == set(PROFILES)
+    assert set(Backend) == set(get_args(FloraSettings.model_fields["backend"].annotation))
