@@ -1,4 +1,4 @@
-"""``flora validate DATASET`` and ``flora validate-table TABLE PATH``.
+"""``flora validate DATASET`` and ``flora validate-table TABLE|all PATH``.
 
 Output (docs/validation.md):
 
