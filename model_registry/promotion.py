@@ -40,6 +40,9 @@ from model_registry.register import CHALLENGER, MODEL_NAMES, RegistryError
 
 CHAMPION = "champion"
 EVAL_PREFIX = "flora.eval."
+# `flora eval model` (training/evaluate.py tag_version) writes ``eval.<metric>`` tags; both
+# spellings are read, ``flora.eval.`` winning when a metric has both.
+EVAL_PREFIXES = ("eval.", EVAL_PREFIX)
 SUITES_TAG = "flora.suites"  # "passed" | "failed"
 PREVIOUS_TAG = "flora.previous_champion"
 AUDIT_PREFIX = "flora.audit."
@@ -79,17 +82,18 @@ class GatePolicy:
     require_suites: bool = True
 
 
-# Defaults per model: gated metrics are the ones `flora eval model` reports (docs/training.md).
+# Defaults per model, on the keys `flora eval model` reports (docs/training.md); the
+# captioner's r_cap is over all reference events (a missing caption scores 0).
 DEFAULT_POLICIES: dict[str, GatePolicy] = {
     "flora-segmenter": GatePolicy(
-        (MetricGate("r_seg", floor=0.2), MetricGate("f1_50", floor=0.1)),
+        (MetricGate("r_seg", floor=0.2), MetricGate("f1_at_0.5", floor=0.1)),
     ),
-    "flora-captioner": GatePolicy((MetricGate("r_cap_all", floor=0.2),)),
+    "flora-captioner": GatePolicy((MetricGate("r_cap", floor=0.2),)),
     "flora-rewarder": GatePolicy(
         (
-            MetricGate("outcome_mae", higher_is_better=False, floor=1.5),
-            MetricGate("dense_accuracy", floor=0.5),
-            MetricGate("rubric_l1", higher_is_better=False, floor=0.6),
+            MetricGate("outcome.mae", higher_is_better=False, floor=1.5),
+            MetricGate("dense.accuracy", floor=0.5),
+            MetricGate("rubric.l1", higher_is_better=False, floor=0.6),
         )
     ),
     POLICY_NAME: GatePolicy(
@@ -220,10 +224,23 @@ def version_metrics(model: str, version: str | int) -> dict[str, float]:
     client = _client()
     name = registered_name(model)
     mv = client.get_model_version(name, str(version))
-    out = {k[len(EVAL_PREFIX) :]: float(v) for k, v in mv.tags.items() if k.startswith(EVAL_PREFIX)}
+    out = _tag_metrics(mv.tags)
     if not out and mv.run_id:
         run = client.get_run(mv.run_id)
         out = {k[5:]: float(v) for k, v in run.data.metrics.items() if k.startswith("eval.")}
+    return out
+
+
+def _tag_metrics(tags: Mapping[str, str]) -> dict[str, float]:
+    """``eval.*`` / ``flora.eval.*`` tags as metrics (unparseable values are skipped)."""
+    out: dict[str, float] = {}
+    for prefix in EVAL_PREFIXES:  # later prefixes win
+        for k, v in tags.items():
+            if k.startswith(prefix) and not k.endswith("run_id"):
+                try:
+                    out[k[len(prefix) :]] = float(v)
+                except ValueError:
+                    continue
     return out
 
 
@@ -361,11 +378,7 @@ def list_versions(model: str) -> list[dict[str, Any]]:
                 "run_id": mv.run_id,
                 "created": datetime.fromtimestamp(mv.creation_timestamp / 1000, UTC).isoformat(),
                 "source": mv.source,
-                "metrics": {
-                    k[len(EVAL_PREFIX) :]: float(v)
-                    for k, v in mv.tags.items()
-                    if k.startswith(EVAL_PREFIX)
-                },
+                "metrics": {k: v for k, v in _tag_metrics(mv.tags).items() if ".ci_" not in k},
                 "lineage": {
                     k: v
                     for k, v in mv.tags.items()

@@ -20,7 +20,7 @@ from model_registry.promotion import (
 )
 from model_registry.register import RegistryError
 
-GOOD = {"r_cap_all": 0.50, "parse_rate": 0.99}
+GOOD = {"r_cap": 0.50, "parse_rate": 0.99}
 
 
 def _champion(model: str = "captioner") -> str | None:
@@ -45,11 +45,11 @@ def test_first_passing_version_becomes_champion(make_version):
 def test_failing_challenger_is_refused_with_reasons_and_champion_unchanged(make_version):
     v1 = make_version("captioner", GOOD)
     promote("captioner", v1)
-    v2 = make_version("captioner", {"r_cap_all": 0.45, "parse_rate": 0.90}, suites=False)
+    v2 = make_version("captioner", {"r_cap": 0.45, "parse_rate": 0.90}, suites=False)
     res = promote("captioner", v2)
     assert not res.promoted and _champion() == v1
     text = " | ".join(res.decision.reasons)
-    assert "r_cap_all=0.45 vs champion v1 0.5" in text
+    assert "r_cap=0.45 vs champion v1 0.5" in text
     assert "parse_rate=0.9 below 0.95" in text
     assert "table suites: failed" in text
     assert audit_trail("captioner", v2)[-1]["event"] == "refused"
@@ -58,10 +58,10 @@ def test_failing_challenger_is_refused_with_reasons_and_champion_unchanged(make_
 @pytest.mark.parametrize(
     "metrics, reason",
     [
-        ({"r_cap_all": 0.10, "parse_rate": 1.0}, "r_cap_all=0.1 below floor 0.2"),
-        ({"parse_rate": 1.0}, "r_cap_all: no held-out value"),
-        ({"r_cap_all": float("nan"), "parse_rate": 1.0}, "r_cap_all: no held-out value"),
-        ({"r_cap_all": 0.6}, "parse_rate=None below 0.95"),
+        ({"r_cap": 0.10, "parse_rate": 1.0}, "r_cap=0.1 below floor 0.2"),
+        ({"parse_rate": 1.0}, "r_cap: no held-out value"),
+        ({"r_cap": float("nan"), "parse_rate": 1.0}, "r_cap: no held-out value"),
+        ({"r_cap": 0.6}, "parse_rate=None below 0.95"),
     ],
 )
 def test_absolute_gates(make_version, metrics, reason):
@@ -72,13 +72,13 @@ def test_absolute_gates(make_version, metrics, reason):
 
 
 def test_lower_is_better_and_margins(make_version):
-    base = {"outcome_mae": 0.8, "dense_accuracy": 0.7, "rubric_l1": 0.3, "parse_rate": 1.0}
+    base = {"outcome.mae": 0.8, "dense.accuracy": 0.7, "rubric.l1": 0.3, "parse_rate": 1.0}
     v1 = make_version("rewarder", base)
     assert promote("rewarder", v1).promoted
-    v2 = make_version("rewarder", {**base, "outcome_mae": 0.7})
+    v2 = make_version("rewarder", {**base, "outcome.mae": 0.7})
     assert promote("rewarder", v2).promoted  # lower MAE is better
-    strict = GatePolicy((MetricGate("outcome_mae", higher_is_better=False, min_improvement=0.2),))
-    v3 = make_version("rewarder", {**base, "outcome_mae": 0.6})
+    strict = GatePolicy((MetricGate("outcome.mae", higher_is_better=False, min_improvement=0.2),))
+    v3 = make_version("rewarder", {**base, "outcome.mae": 0.6})
     d = evaluate_gates("rewarder", v3, strict)
     assert not d.passed and "needs lower by >= 0.2" in d.reasons[0]
     assert promote("rewarder", v3, policy=strict, force=True).promoted  # forced, recorded
@@ -92,7 +92,7 @@ def test_rollback_restores_previous_and_refuses_without_one(make_version):
     promote("captioner", v1)
     with pytest.raises(RegistryError, match="no previous champion"):
         rollback("captioner")
-    v2 = make_version("captioner", {**GOOD, "r_cap_all": 0.6})
+    v2 = make_version("captioner", {**GOOD, "r_cap": 0.6})
     promote("captioner", v2)
     assert rollback("captioner", actor="oncall") == (v2, v1)
     assert _champion() == v1
@@ -101,13 +101,13 @@ def test_rollback_restores_previous_and_refuses_without_one(make_version):
                                                 "event": "restored", "from": v2}  # fmt: skip
     rows = list_versions("captioner")
     assert [r["aliases"] for r in rows] == [["champion"], []]
-    assert rows[1]["metrics"]["r_cap_all"] == 0.6
+    assert rows[1]["metrics"]["r_cap"] == 0.6
 
 
 def test_challenger_alias_is_the_default_version(make_version):
     from mlflow import MlflowClient
 
-    v = make_version("segmenter", {"r_seg": 0.5, "f1_50": 0.4, "parse_rate": 1.0})
+    v = make_version("segmenter", {"r_seg": 0.5, "f1_at_0.5": 0.4, "parse_rate": 1.0})
     MlflowClient().set_registered_model_alias("flora-segmenter", "challenger", v)
     assert promote("segmenter").champion == v
 
@@ -127,8 +127,8 @@ def test_two_concurrent_promotions_leave_one_consistent_champion(make_version, r
 
     v1 = make_version("captioner", GOOD)
     promote("captioner", v1)
-    v2 = make_version("captioner", {**GOOD, "r_cap_all": 0.6})
-    v3 = make_version("captioner", {**GOOD, "r_cap_all": 0.7})
+    v2 = make_version("captioner", {**GOOD, "r_cap": 0.6})
+    v3 = make_version("captioner", {**GOOD, "r_cap": 0.7})
     env = {**os.environ, "FLORA_HOME": str(registry_home)}
     procs = [
         subprocess.Popen(

@@ -7,7 +7,7 @@ import json
 import yaml
 from typer.testing import CliRunner
 
-GOOD = {"r_cap_all": 0.50, "parse_rate": 0.99}
+GOOD = {"r_cap": 0.50, "parse_rate": 0.99}
 
 
 def _run(*args: str):
@@ -20,10 +20,10 @@ def test_promote_refuse_rollback_and_deploy_through_the_cli(make_version, tmp_pa
     v1 = make_version("captioner", GOOD)
     r = _run("promote", "captioner", v1)
     assert r.exit_code == 0 and f"-> v{v1}" in r.output
-    v2 = make_version("captioner", {**GOOD, "r_cap_all": 0.40})
+    v2 = make_version("captioner", {**GOOD, "r_cap": 0.40})
     r = _run("promote", "captioner", v2)
-    assert r.exit_code == 1 and "refused" in r.output and "r_cap_all=0.4" in r.output
-    v3 = make_version("captioner", {**GOOD, "r_cap_all": 0.70})
+    assert r.exit_code == 1 and "refused" in r.output and "r_cap=0.4" in r.output
+    v3 = make_version("captioner", {**GOOD, "r_cap": 0.70})
     assert _run("promote", "captioner", v3).exit_code == 0
 
     r = _run("list", "captioner", "--json", "-")
@@ -32,7 +32,7 @@ def test_promote_refuse_rollback_and_deploy_through_the_cli(make_version, tmp_pa
     assert [x["aliases"] for x in rows] == [[], [], ["champion"]]
 
     r = _run("show", "captioner", "champion")
-    assert r.exit_code == 0 and "eval r_cap_all = 0.7" in r.output and "promoted" in r.output
+    assert r.exit_code == 0 and "eval r_cap = 0.7" in r.output and "promoted" in r.output
 
     out = tmp_path / "isvc.yaml"
     r = _run("deploy", "captioner", "--no-apply", "--out", str(out))
