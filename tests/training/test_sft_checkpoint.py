@@ -1,0 +1,153 @@
+"""Checkpoints: exact resume, NaN stop keeps the last good one, foreign/corrupt refused."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+import training.sft as sft
+from tests.training.helpers import tiny_recipe
+from training.sft import CheckpointError, DivergedError, TrainingError, train_sft
+
+
+def _recipe(base, **kw):
+    # Constant lr would hide a scheduler that is not restored: use warmup + cosine.
+    kw = {
+        "max_steps": 4,
+        "checkpoint_every": 2,
+        "eval_every": 100,
+        "warmup_steps": 2,
+        "scheduler": "cosine",
+        **kw,
+    }
+    return tiny_recipe("captioner", base, **kw)
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_base, mini_set, tmp_path_factory):
+    """4 uninterrupted steps."""
+    out = tmp_path_factory.mktemp("straight")
+    return train_sft(_recipe(tiny_base), mini_set, out, log_mlflow=False, progress=False)
+
+
+@pytest.fixture(scope="module")
+def cut(tiny_base, mini_set, tmp_path_factory):
+    """The same run stopped after 3 steps (checkpoints at 2 and at the cut, 3)."""
+    out = tmp_path_factory.mktemp("cut")
+    res = train_sft(
+        _recipe(tiny_base), mini_set, out, max_steps=3, log_mlflow=False, progress=False
+    )
+    return out, res
+
+
+def test_resume_reproduces_the_next_loss_bit_for_bit(
+    straight, cut, tiny_base, mini_set, tmp_path
+) -> None:
+    out, res = cut
+    assert [h["loss"] for h in res.history] == [h["loss"] for h in straight.history[:3]]
+    work = tmp_path / "resumed"
+    shutil.copytree(out, work)
+    resumed = train_sft(
+        _recipe(tiny_base), mini_set, work, resume=True, log_mlflow=False, progress=False
+    )
+    assert resumed.steps == 4
+    assert resumed.history[-1]["loss"] == straight.history[3]["loss"]  # exact, not approx
+    # Distinct losses per step: the data order and the lr schedule moved on.
+    assert len({h["loss"] for h in straight.history}) == 4
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
+    tiny_base, mini_set, tmp_path, monkeypatch
+) -> None:
+    calls = {"n": 0}
+    real = sft.summed_ce
+
+    def poisoned(model, batch):
+        calls["n"] += 1
+        ce = real(model, batch)
+        return ce * float("nan") if calls["n"] > 5 else ce  # step 3, 1st micro-batch
+
+    monkeypatch.setattr(sft, "summed_ce", poisoned)
+    with pytest.raises(DivergedError, match="not finite at step 3.*step2"):
+        train_sft(_recipe(tiny_base), mini_set, tmp_path, log_mlflow=False, progress=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step*")) == ["step2"]
+    sft.verify_checkpoint(
+        tmp_path / "checkpoints" / "step2",
+        model="captioner",
+        recipe_digest=_recipe(tiny_base).digest(),
+        base_id=_base_id(tmp_path),
+    )
+    assert not (tmp_path / "model").exists()  # nothing exported after a divergence
+
+
+def _base_id(out):
+    import json
+
+    return json.loads((out / "checkpoints" / "step2" / sft.CHECKPOINT_MANIFEST).read_text())["base"]
+
+
+def test_foreign_checkpoint_is_refused(cut, tiny_base, mini_set, tmp_path) -> None:
+    out, _ = cut
+    work = tmp_path / "w"
+    shutil.copytree(out, work)
+    foreign = work / "checkpoints" / "step9"
+    foreign.mkdir()
+    torch.save({"module": {}}, foreign / "mp_rank_00_model_states.pt")
+    with pytest.raises(CheckpointError, match="no flora_checkpoint.json.*foreign"):
+        train_sft(_recipe(tiny_base), mini_set, work, resume=True, log_mlflow=False, progress=False)
+
+
+def test_corrupt_checkpoint_is_refused(cut, tiny_base, mini_set, tmp_path) -> None:
+    out, _ = cut
+    work = tmp_path / "w"
+    shutil.copytree(out, work)
+    f = work / "checkpoints" / "step3" / "mp_rank_00_model_states.pt"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt: mp_rank_00_model_states.pt"):
+        train_sft(_recipe(tiny_base), mini_set, work, resume=True, log_mlflow=False, progress=False)
+
+
+def test_checkpoint_of_another_recipe_is_refused(cut, tiny_base, mini_set, tmp_path) -> None:
+    out, _ = cut
+    work = tmp_path / "w"
+    shutil.copytree(out, work)
+    with pytest.raises(CheckpointError, match="another recipe"):
+        train_sft(
+            _recipe(tiny_base, lr=5e-4),
+            mini_set,
+            work,
+            resume=True,
+            log_mlflow=False,
+            progress=False,
+        )
+
+
+def test_bad_inputs_are_clear_errors(tiny_base, mini_set, tmp_path) -> None:
+    from tests.training.helpers import mini_examples, write_set
+
+    held_only = write_set(tmp_path / "held", [e for e in mini_examples() if e.split == "heldout"])
+    with pytest.raises(TrainingError, match="no train examples"):
+        train_sft(_recipe(tiny_base), held_only, tmp_path / "a", log_mlflow=False)
+    with pytest.raises(TrainingError, match="missing base"):
+        train_sft(
+            _recipe(tmp_path / "nope"),
+            mini_set,
+            tmp_path / "b",
+            log_mlflow=False,
+        )
+    with pytest.raises(TrainingError, match="not only 'segmenter'"):
+        train_sft(tiny_recipe("segmenter", tiny_base), mini_set, tmp_path / "c", log_mlflow=False)
+    # A processor from another model: the qwen2.5-vl tiny checkpoint's processor files.
+    from flora.backends.tiny import build_tiny_vlm
+
+    other = build_tiny_vlm(tmp_path / "q25", family="qwen2_5_vl", overwrite=True)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(tiny_base, mixed)
+    for name in ("processor_config.json",):
+        shutil.copy(other / name, mixed / name)
+    with pytest.raises(TrainingError, match="processor does not match the model"):
+        train_sft(_recipe(mixed), mini_set, tmp_path / "d", log_mlflow=False)

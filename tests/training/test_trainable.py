@@ -1,0 +1,164 @@
+"""DESIGN §3.5 trainable parts, by exact parameter name, and the vision learning rate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.training.helpers import tiny_recipe
+from training.recipe import RecipeError, load_recipe
+from training.sft import apply_trainable, trainable_names
+
+LAYERS = (0, 1)
+LORA_MODULES = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+
+
+def _model(base):
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(str(base), dtype=torch.float32)
+
+
+def _names(base):
+    return [n for n, _ in _model(base).named_parameters()]
+
+
+def test_segmenter_trains_rank_32_lora_on_the_language_model_only(tiny_base) -> None:
+    model, groups = apply_trainable(_model(tiny_base), tiny_recipe("segmenter", tiny_base))
+    want = sorted(
+        f"base_model.model.model.language_model.layers.{i}.{m}.lora_{ab}.default.weight"
+        for i in LAYERS
+        for m in LORA_MODULES
+        for ab in ("A", "B")
+    )
+    assert trainable_names(model) == want
+    a = dict(model.named_parameters())[want[0]]
+    assert 32 in a.shape  # rank 32
+    assert [g["name"] for g in groups] == ["main"]
+    assert sum(p.numel() for p in groups[0]["params"]) == sum(
+        p.numel() for p in model.parameters() if p.requires_grad
+    )
+    # Nothing of the vision tower (encoder or merger) is trainable or adapted.
+    assert not any("visual" in n for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_captioner_trains_language_model_and_merger(tiny_base) -> None:
+    names = _names(tiny_base)
+    model, groups = apply_trainable(_model(tiny_base), tiny_recipe("captioner", tiny_base))
+    want = sorted(
+        n
+        for n in names
+        if n.startswith(
+            (
+                "model.language_model.",
+                "lm_head.",
+                "model.visual.merger.",
+                "model.visual.deepstack_merger_list.",
+            )
+        )
+    )
+    assert trainable_names(model) == want
+    assert "model.visual.merger.linear_fc1.weight" in want
+    assert not any(n.startswith(("model.visual.blocks", "model.visual.patch_embed")) for n in want)
+    assert [g["name"] for g in groups] == ["main"]
+
+
+def test_rewarder_trains_everything_vision_at_its_lower_rate(tiny_base) -> None:
+    names = _names(tiny_base)
+    recipe = tiny_recipe("rewarder", tiny_base)
+    model, groups = apply_trainable(_model(tiny_base), recipe)
+    assert trainable_names(model) == sorted(names)
+    by = {g["name"]: g for g in groups}
+    assert by["main"]["lr"] == recipe.lr == 1e-3
+    assert by["vision"]["lr"] == recipe.vision_lr == 1e-4
+    pname = {id(p): n for n, p in model.named_parameters()}
+    vision = sorted(pname[id(p)] for p in by["vision"]["params"])
+    assert vision == sorted(
+        n
+        for n in names
+        if n.startswith("model.visual.")
+        and not n.startswith(("model.visual.merger.", "model.visual.deepstack_merger_list."))
+    )
+    assert "model.visual.patch_embed.proj.weight" in vision
+    assert not any("merger" in n for n in vision)
+
+
+def test_vision_lr_reaches_the_deepspeed_optimizer(tiny_base, mini_set, tmp_path, monkeypatch):
+    """One real step of the rewarder recipe: the engine's groups keep both rates."""
+    import deepspeed
+
+    from tests.training.helpers import write_set
+    from training.sets import load_set
+
+    seen = {}
+    real = deepspeed.initialize
+
+    def spy(**kw):
+        out = real(**kw)
+        seen["lrs"] = sorted(g["lr"] for g in out[1].param_groups)
+        return out
+
+    monkeypatch.setattr(deepspeed, "initialize", spy)
+    exs = load_set(mini_set)
+    for e in exs:
+        e.model, e.task_kind = "rewarder", "outcome"
+    s = write_set(tmp_path / "set", exs)
+    from training.sft import train_sft
+
+    recipe = tiny_recipe("rewarder", tiny_base, max_steps=1, eval_every=100)
+    train_sft(recipe, s, tmp_path / "out", log_mlflow=False, progress=False)
+    assert seen["lrs"] == [1e-4, 1e-3]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"trainable": ["language_model", "decoder"]}, "unknown trainable module"),
+        (
+            {"trainable": ["language_model", "merger", "vision"], "vision_lr": 1e-4},
+            "segmenter trains",
+        ),
+        ({"lora_rank": None}, "set lora_rank"),
+        (
+            {
+                "grpo": {"group_size": 8},
+                "model": "rewarder",
+                "trainable": ["language_model", "merger", "vision"],
+                "lora_rank": None,
+                "vision_lr": 1e-4,
+            },
+            "no RL for the rewarder",
+        ),
+        ({"typo_field": 1}, "Extra inputs"),
+    ],
+)
+def test_bad_recipes_are_refused(override, message) -> None:
+    with pytest.raises(RecipeError, match=message):
+        load_recipe("segmenter-tiny", **override)
+
+
+def test_every_shipped_recipe_loads_and_production_names_qwen35() -> None:
+    from training.recipe import RECIPES_DIR
+
+    got = {p.stem: load_recipe(p) for p in sorted(RECIPES_DIR.glob("*.yaml"))}
+    assert len(got) == 9
+    assert got["segmenter-production"].base == "Qwen/Qwen3.5-9B"
+    assert got["captioner-production"].base == got["rewarder-production"].base == "Qwen/Qwen3.5-27B"
+    assert got["segmenter-production"].lora_rank == 32
+    assert all(r.gpus > 0 for k, r in got.items() if k.endswith("production"))
+    g = got["segmenter-small"].grpo
+    assert (g.group_size, g.temperature, g.clip_eps, g.beta, g.normalisation) == (
+        8,
+        1.0,
+        0.2,
+        0.02,
+        "token",
+    )
