@@ -1,15 +1,19 @@
 """KFP v2 lightweight components for the data-engine steps.
 
 ``ingest_op``, ``validate_op``, ``segment_op``, ``caption_op``, ``reward_op`` (one per
-rewarder mode: outcome, dense, rubric) and ``report_op``. Each component body is a thin
-adapter over the same ``flora`` function the Airflow task calls
-(``flora.data.ingest.ingest_dataset``, ``flora.validation.raw.validate_dataset``,
-``flora.engine.run_segment`` / ``run_caption`` / ``run_reward`` / ``engine_summary``) and
-logs to the same MLflow run (reopened by id).
+rewarder mode: outcome, dense, rubric), ``summary_op``, ``curate_op``, ``export_op`` and
+``report_op``. Each component body is a thin adapter over the same ``flora`` function the
+Airflow task calls (``flora.data.ingest.ingest_dataset``,
+``flora.validation.raw.validate_dataset``, ``flora.engine.run_segment`` / ``run_caption`` /
+``run_reward`` / ``engine_summary``, ``flora.curate.steps.curate_step`` / ``export_step`` /
+``report_step``) and logs to the same MLflow run (reopened by id).
 
 Tables travel as ``Dataset`` artifacts: each engine component uses its output artifact's
 path as the ``TableStore`` root, so the table is ``<artifact>/<table>/`` (Parquet parts
-plus ``_failures/``); the caption component reads the segment artifact's ``events/``.
+plus ``_failures/``); the caption component reads the segment artifact's ``events/``;
+``curate_op`` reads every table from its artifact (``{table: artifact}``) and writes the
+decisions and the curated mixture into its ``mixture`` artifact (``curation/``,
+``mixture/<dataset>.parquet``), which ``export_op`` and ``report_op`` read.
 On a cluster the artifacts live in the pipeline root (object storage); ``kfp.local``
 keeps them under its ``pipeline_root``. KFP serialises the function source into the pipeline
 spec, so everything a body uses is imported inside it, from the ``flora`` package
@@ -168,7 +172,7 @@ def reward_op(
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
-def report_op(
+def summary_op(
     mlflow_run_id: str,
     segment: dict,
     caption: dict,
@@ -188,6 +192,84 @@ def report_op(
     tables = engine_summary([segment, caption, outcome, dense, rubric])
     with open(summary.path, "w") as fh:
         json.dump(tables, fh, indent=1)
-    with mlflow_run("report", run_id=mlflow_run_id):
+    with mlflow_run("summary", run_id=mlflow_run_id):
         mlflow.log_dict(tables, "engine_summary.json")
     return tables
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def curate_op(
+    dataset_path: str,
+    mlflow_run_id: str,
+    valid_episodes: list,
+    events: Input[Dataset],
+    captions: Input[Dataset],
+    outcome: Input[Dataset],
+    dense: Input[Dataset],
+    rubric: Input[Dataset],
+    mixture: Output[Dataset],
+    metrics: Output[Metrics],
+    curation_rules: str = "",
+    dvc_repo: str = "",
+) -> dict:
+    """Filter + rebalance the tables into the curated mixture (MLflow dataset, DVC)."""
+    from flora.curate.steps import MIXTURE_ASSET_NAME, curate_step
+
+    tables = {"events": events.path, "captions": captions.path, "outcome": outcome.path,
+              "dense_labels": dense.path, "rubric": rubric.path}  # fmt: skip
+    rep = curate_step(dataset_path, tables, mixture.path, valid_episodes, mlflow_run_id,
+                      rules=curation_rules or None, dvc_repo=dvc_repo or None)  # fmt: skip
+    for split, s in rep["summary"]["mixture"]["splits"].items():
+        metrics.log_metric(f"curate.mixture.{split}.rows", float(s.get("rows", 0)))
+    mixture.metadata.update({"asset": MIXTURE_ASSET_NAME, "rows": rep["rows"],
+                             "mixture_path": rep["mixture_path"]})  # fmt: skip
+    return rep
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def export_op(
+    dataset_path: str,
+    mlflow_run_id: str,
+    curate: dict,
+    events: Input[Dataset],
+    captions: Input[Dataset],
+    outcome: Input[Dataset],
+    dense: Input[Dataset],
+    rubric: Input[Dataset],
+    mixture: Input[Dataset],
+    export: Output[Dataset],
+) -> dict:
+    """LeRobot v3.0 export with ``language_persistent`` and ``flora_annotations/``."""
+    from flora.curate.steps import export_step
+
+    tables = {"events": events.path, "captions": captions.path, "outcome": outcome.path,
+              "dense_labels": dense.path, "rubric": rubric.path,
+              "curation": mixture.path}  # fmt: skip
+    return export_step(dataset_path, tables, export.path, mlflow_run_id,
+                       mixture=curate["mixture_path"])  # fmt: skip
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def report_op(
+    dataset_path: str,
+    mlflow_run_id: str,
+    valid_episodes: list,
+    curate: dict,
+    export: dict,
+    events: Input[Dataset],
+    captions: Input[Dataset],
+    outcome: Input[Dataset],
+    dense: Input[Dataset],
+    rubric: Input[Dataset],
+    mixture: Input[Dataset],
+    report: Output[Artifact],
+) -> dict:
+    """HTML run and episode reports (self-contained), logged to MLflow as artifacts."""
+    from flora.curate.steps import report_step
+
+    tables = {"events": events.path, "captions": captions.path, "outcome": outcome.path,
+              "dense_labels": dense.path, "rubric": rubric.path,
+              "curation": mixture.path}  # fmt: skip
+    return report_step(dataset_path, tables, report.path, mlflow_run_id,
+                       mixture=curate["mixture_path"], episodes=valid_episodes,
+                       extra={"export_root": export.get("root", "")})  # fmt: skip

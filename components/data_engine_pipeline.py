@@ -1,4 +1,5 @@
-"""KFP v2 pipeline ``flora-data-engine``: ingest -> validate -> segment -> caption -> rewards.
+"""KFP v2 pipeline ``flora-data-engine``: ingest -> validate -> segment -> caption -> rewards
+-> summary -> curate -> export -> report.
 
 Compile: ``python -m components.data_engine_pipeline`` writes
 ``components/data_engine_pipeline.yaml`` (the spec a Kubeflow cluster runs). Locally it
@@ -6,8 +7,10 @@ runs with ``kfp.local`` (SubprocessRunner, no containers): see
 ``tests/components/test_data_engine_pipeline.py``.
 
 Same steps and order as the Airflow DAG ``flora_data_engine``; the three rewarder modes
-run after captioning, in parallel on a cluster, and ``report_op`` joins them. The
-pipeline returns the per-table summary (rows, failures, location, validity).
+run after captioning, in parallel on a cluster, and ``summary_op`` joins them; then
+``curate_op`` (curated mixture artifact), ``export_op`` (LeRobot export artifact) and
+``report_op`` (HTML reports artifact). The pipeline returns the per-table summary (rows,
+failures, location, validity).
 """
 
 from pathlib import Path
@@ -16,10 +19,13 @@ from kfp import compiler, dsl
 
 from components.data_engine import (
     caption_op,
+    curate_op,
+    export_op,
     ingest_op,
     report_op,
     reward_op,
     segment_op,
+    summary_op,
     validate_op,
 )
 
@@ -47,11 +53,15 @@ def data_engine_pipeline(
     max_attempts: int = 3,
     max_new_tokens: int = 0,
     rubric: str = "",
+    curation_rules: str = "",
+    dvc_repo: str = "",
 ) -> dict:
     """Returns one summary per table (``flora.engine.engine_summary``).
 
     ``vlm_max_episodes`` / ``max_new_tokens``: 0 means all episodes / each step's default
-    budget; ``rubric``: empty means the dataset's ground-truth family rubrics if present.
+    budget; ``rubric``: empty means the dataset's ground-truth family rubrics if present;
+    ``curation_rules``: empty means the default rules; ``dvc_repo``: empty means the
+    mixture is not DVC-versioned.
     """
     ingest = _limits(ingest_op(dataset_path=dataset_path), CPU_TASK)
     validate = _limits(
@@ -96,7 +106,7 @@ def data_engine_pipeline(
         )
         t.set_display_name(f"reward-{mode}")
         rewards[mode] = _limits(t, VLM_TASK).after(caption)
-    report = report_op(
+    summary = summary_op(
         mlflow_run_id=run_id,
         segment=segment.outputs["report"],
         caption=caption.outputs["report"],
@@ -104,8 +114,43 @@ def data_engine_pipeline(
         dense=rewards["dense"].outputs["report"],
         rubric=rewards["rubric"].outputs["report"],
     )
+    _limits(summary, CPU_TASK)
+    tables = {
+        "events": segment.outputs["events"],
+        "captions": caption.outputs["captions"],
+        "outcome": rewards["outcome"].outputs["table"],
+        "dense": rewards["dense"].outputs["table"],
+        "rubric": rewards["rubric"].outputs["table"],
+    }
+    curate = curate_op(
+        dataset_path=dataset_path,
+        mlflow_run_id=run_id,
+        valid_episodes=valid,
+        curation_rules=curation_rules,
+        dvc_repo=dvc_repo,
+        **tables,
+    )
+    _limits(curate, CPU_TASK).after(summary)
+    mixture = curate.outputs["mixture"]
+    export = export_op(
+        dataset_path=dataset_path,
+        mlflow_run_id=run_id,
+        curate=curate.outputs["Output"],
+        mixture=mixture,
+        **tables,
+    )
+    _limits(export, CPU_TASK)
+    report = report_op(
+        dataset_path=dataset_path,
+        mlflow_run_id=run_id,
+        valid_episodes=valid,
+        curate=curate.outputs["Output"],
+        export=export.outputs["Output"],
+        mixture=mixture,
+        **tables,
+    )
     _limits(report, CPU_TASK)
-    return report.outputs["Output"]
+    return summary.outputs["Output"]
 
 
 def compile_pipeline(path: str | Path = PIPELINE_YAML) -> Path:

@@ -1,4 +1,5 @@
-"""Airflow 3 DAG ``flora_data_engine``: ingest -> validate -> segment -> caption -> rewards.
+"""Airflow 3 DAG ``flora_data_engine``: ingest -> validate -> segment -> caption -> rewards
+-> summary -> curate -> export -> report.
 
 Every task is a thin adapter: it calls the one ``flora`` function that implements its
 step (``flora.data.ingest``, ``flora.validation.raw``, and for the engine steps
@@ -8,8 +9,16 @@ run (reopened by id) and returns a small JSON *state* dict (XCom) that the next 
 receives and extends::
 
     ingest -> validate -> segment -> caption -> reward_outcome ┐
-                                             -> reward_dense   ├-> report
-                                             -> reward_rubric  ┘
+                                             -> reward_dense   ├-> summary -> curate
+                                             -> reward_rubric  ┘      -> export -> report
+
+``curate`` (``flora.curate.steps.curate_step``) filters and rebalances the tables into the
+curated mixture (``<outputs>/mixture/<dataset>.parquet``, logged as an MLflow dataset,
+DVC-versioned when ``dvc_repo`` is set) and publishes it as the Airflow Asset
+``flora_curated_mixture``; an empty or invalid mixture fails the task. ``export`` writes
+the LeRobot export with the events in ``language_persistent``
+(``<outputs>/exports/<dataset>``); ``report`` writes the HTML reports
+(``<outputs>/reports/<dataset>/<mlflow run id>/``) and logs them to MLflow.
 
 State keys every step can rely on: ``dataset``, ``dataset_path`` (absolute),
 ``outputs_dir`` (absolute; the ``TableStore`` root: tables go to ``<outputs>/<table>/``),
@@ -30,9 +39,12 @@ from __future__ import annotations
 from typing import Any
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Asset, Param, dag, task
 
 DAG_ID = "flora_data_engine"
+#: The curated mixture, published by ``curate`` (same name as
+#: ``flora.curate.steps.MIXTURE_ASSET_NAME``; not imported, to keep parsing cheap).
+MIXTURE_ASSET = Asset(name="flora_curated_mixture", uri="flora://curated-mixture")
 #: The rewarder's modes, one task each (same tuple as ``flora.engine.REWARD_MODES``; not
 #: imported so that parsing this file does not import flora).
 REWARD_MODES = ("outcome", "dense", "rubric")
@@ -77,6 +89,16 @@ REWARD_MODES = ("outcome", "dense", "rubric")
             type=["null", "string"],
             description="Rubric YAML/JSON for every episode (empty: the dataset's "
             "ground_truth/rubric.json family rubrics when present).",
+        ),
+        "curation_rules": Param(
+            None,
+            type=["null", "string"],
+            description="Curation rules YAML (empty: flora/curate/rules/default.yaml).",
+        ),
+        "dvc_repo": Param(
+            None,
+            type=["null", "string"],
+            description="DVC repository that versions the curated mixture (empty: none).",
         ),
     },
     doc_md=__doc__,
@@ -179,7 +201,7 @@ def flora_data_engine() -> None:
         return {**state, mode: rep.to_dict()}
 
     @task
-    def report(states: list[dict[str, Any]]) -> dict[str, Any]:
+    def summary(states: list[dict[str, Any]]) -> dict[str, Any]:
         """Join the reward branches: one summary per table, logged and written to outputs."""
         from pathlib import Path
 
@@ -189,16 +211,63 @@ def flora_data_engine() -> None:
         from flora.tracking import mlflow_run
 
         state = {k: v for st in states for k, v in st.items()}
-        summary = engine_summary([state[s] for s in STEP_TABLES if s in state])
+        tables = engine_summary([state[s] for s in STEP_TABLES if s in state])
         out = Path(state["outputs_dir"]) / "runs" / state["dataset"]
-        path = write_json(summary, out / f"{state['mlflow_run_id']}.json")
-        with mlflow_run("report", run_id=state["mlflow_run_id"]):
-            mlflow.log_dict(summary, "engine_summary.json")
-        return {**state, "tables": summary, "summary_path": str(path)}
+        path = write_json(tables, out / f"{state['mlflow_run_id']}.json")
+        with mlflow_run("summary", run_id=state["mlflow_run_id"]):
+            mlflow.log_dict(tables, "engine_summary.json")
+        return {**state, "tables": tables, "summary_path": str(path)}
+
+    @task(outlets=[MIXTURE_ASSET])
+    def curate(
+        state: dict[str, Any], params: dict | None = None, outlet_events: Any = None
+    ) -> dict[str, Any]:
+        """Filter + rebalance into the curated mixture; publish it as an Asset event."""
+        from flora.curate.steps import curate_step
+
+        p = params or {}
+        rep = curate_step(state["dataset_path"], state["outputs_dir"], state["outputs_dir"],
+                          state["valid_episodes"], state["mlflow_run_id"],
+                          rules=p.get("curation_rules"), dvc_repo=p.get("dvc_repo"))  # fmt: skip
+        if outlet_events is not None:
+            outlet_events[MIXTURE_ASSET].extra = {
+                "path": rep["mixture_path"], "dataset": state["dataset"], "rows": rep["rows"],
+                "mlflow_run_id": state["mlflow_run_id"],
+            }  # fmt: skip
+        return {**state, "curate": rep}
+
+    @task
+    def export(state: dict[str, Any]) -> dict[str, Any]:
+        """LeRobot export with ``language_persistent`` and ``flora_annotations/``."""
+        from pathlib import Path
+
+        from flora.curate.steps import export_step
+
+        out = Path(state["outputs_dir"]) / "exports" / state["dataset"]
+        rep = export_step(state["dataset_path"], state["outputs_dir"], out,
+                          state["mlflow_run_id"],
+                          mixture=state["curate"]["mixture_path"])  # fmt: skip
+        return {**state, "export": rep}
+
+    @task
+    def report(state: dict[str, Any]) -> dict[str, Any]:
+        """HTML run and episode reports, written under outputs and logged to MLflow."""
+        from pathlib import Path
+
+        from flora.curate.steps import report_step
+
+        out = Path(state["outputs_dir"]) / "reports" / state["dataset"] / state["mlflow_run_id"]
+        rep = report_step(state["dataset_path"], state["outputs_dir"], out,
+                          state["mlflow_run_id"], mixture=state["curate"]["mixture_path"],
+                          episodes=state["valid_episodes"])  # fmt: skip
+        return {**state, "report": rep}
 
     segmented = segment(validate(ingest()))
     captioned = caption(segmented)
-    report([reward.override(task_id=f"reward_{m}")(captioned, mode=m) for m in REWARD_MODES])
+    joined = summary(
+        [reward.override(task_id=f"reward_{m}")(captioned, mode=m) for m in REWARD_MODES]
+    )
+    report(export(curate(joined)))
 
 
 dag_object = flora_data_engine()

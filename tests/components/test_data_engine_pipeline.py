@@ -43,8 +43,9 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     execs = fresh["deploymentSpec"]["executors"]
     assert set(execs) == {
         f"exec-{n}"
-        for n in ("ingest-op", "validate-op", "segment-op", "caption-op", "report-op",
-                  "reward-op", "reward-op-2", "reward-op-3")
+        for n in ("ingest-op", "validate-op", "segment-op", "caption-op", "summary-op",
+                  "reward-op", "reward-op-2", "reward-op-3", "curate-op", "export-op",
+                  "report-op")
     }  # fmt: skip
     for name, ex in execs.items():
         c = ex["container"]
@@ -63,8 +64,16 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
         modes[params["mode"]["runtimeValue"]["constant"]] = tasks[key]["taskInfo"]["name"]
     assert modes == {m: f"reward-{m}" for m in ("outcome", "dense", "rubric")}
     assert {"reward-op", "reward-op-2", "reward-op-3", "segment-op", "caption-op"} <= set(
-        tasks["report-op"]["dependentTasks"]
+        tasks["summary-op"]["dependentTasks"]
     )
+    # curate reads every table artifact and runs after the summary; export and report
+    # read the curated mixture artifact.
+    assert {"summary-op", "segment-op", "caption-op", "reward-op", "reward-op-2",
+            "reward-op-3"} <= set(tasks["curate-op"]["dependentTasks"])  # fmt: skip
+    assert "curate-op" in tasks["export-op"]["dependentTasks"]
+    assert {"curate-op", "export-op"} <= set(tasks["report-op"]["dependentTasks"])
+    arts = tasks["curate-op"]["inputs"]["artifacts"]
+    assert set(arts) == {"events", "captions", "outcome", "dense", "rubric"}
     for t in tasks.values():
         assert t["cachingOptions"] == {}  # caching off (enableCache absent = false)
 
@@ -126,8 +135,9 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_
     assert run.info.status == "FINISHED"
     assert run.data.tags["orchestrator"] == "kfp"
     steps = run.data.tags["flora.steps"].split(",")
-    assert steps[:4] == ["ingest", "validate", "segment", "caption"] and steps[-1] == "report"
+    assert steps[:4] == ["ingest", "validate", "segment", "caption"]
     assert sorted(steps[4:7]) == ["dense", "outcome", "rubric"]
+    assert steps[7:] == ["summary", "curate", "export", "report"]
     m = run.data.metrics
     assert m["validation.raw.success"] == 1.0 and m["ingest.episodes"] == 3
     assert m["step.segment.rows"] == len(events) and m["validation.events.success"] == 1.0
@@ -137,4 +147,18 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_
         assert m[f"step.{step}.failures"] == tables[table]["failures"]
         assert m[f"step.{step}.episodes_in"] == 1
     assert "engine_summary.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+    # Curate -> export -> report, each from the artifacts of the steps before it.
+    (mix_path,) = kfp_root.rglob(f"curate-op/mixture/mixture/{tiny_dataset.name}.parquet")
+    mix = pd.read_parquet(mix_path)
+    assert len(mix) > 0 and set(mix.episode_id) <= set(ids)
+    assert abs(mix.groupby("split").weight.sum() - 1).max() < 1e-9
+    assert run.data.tags["validation.mixture"] == "passed"
+    assert [d.dataset.name for d in run.inputs.dataset_inputs] == [f"{tiny_dataset.name}-mixture"]
+    (info,) = kfp_root.rglob("export-op/export/meta/info.json")
+    assert json.loads(info.read_text())["features"]["language_persistent"]["dtype"] == "language"
+    assert list(kfp_root.rglob("export-op/export/flora_annotations/manifest.json"))
+    (index,) = kfp_root.rglob("report-op/report/index.html")
+    assert "Curated mixture" in index.read_text()
+    assert "report/index.html" in {a.path for a in client.list_artifacts(run.info.run_id, "report")}
     assert os.environ["FLORA_HOME"] == str(flora_home)

@@ -23,13 +23,19 @@ def test_dagbag_imports_without_errors(airflow_home):
     dag = bag.get_dag("flora_data_engine")
     assert dag is not None
     rewards = {"reward_outcome", "reward_dense", "reward_rubric"}
-    assert set(dag.task_ids) == {"ingest", "validate", "segment", "caption", "report"} | rewards
+    tail = {"summary", "curate", "export", "report"}
+    assert set(dag.task_ids) == {"ingest", "validate", "segment", "caption"} | rewards | tail
     assert dag.get_task("validate").upstream_task_ids == {"ingest"}
     assert dag.get_task("segment").upstream_task_ids == {"validate"}
     assert dag.get_task("caption").upstream_task_ids == {"segment"}
     for t in rewards:
         assert dag.get_task(t).upstream_task_ids == {"caption"}
-    assert dag.get_task("report").upstream_task_ids == rewards
+    assert dag.get_task("summary").upstream_task_ids == rewards
+    assert dag.get_task("curate").upstream_task_ids == {"summary"}
+    assert dag.get_task("export").upstream_task_ids == {"curate"}
+    assert dag.get_task("report").upstream_task_ids == {"export"}
+    (asset,) = dag.get_task("curate").outlets
+    assert asset.name == "flora_curated_mixture"
     assert dag.schedule is None or str(dag.schedule) == "None"
 
 
@@ -57,6 +63,7 @@ def _events_of(df, episode_id):
 def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
     airflow_home, tiny_dataset, tiny_vlm_dir, tmp_path
 ):
+    import pandas as pd
     from airflow.dag_processing.dagbag import DagBag
     from mlflow.tracking import MlflowClient
 
@@ -141,8 +148,9 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
     assert run.data.tags["orchestrator"] == "airflow"
     assert run.data.tags["airflow.run_id"] == dr.run_id
     steps = run.data.tags["flora.steps"].split(",")
-    assert steps[:4] == ["ingest", "validate", "segment", "caption"] and steps[-1] == "report"
+    assert steps[:4] == ["ingest", "validate", "segment", "caption"]
     assert sorted(steps[4:7]) == ["dense", "outcome", "rubric"]
+    assert steps[7:] == ["summary", "curate", "export", "report"]
     assert run.data.tags["validation.raw"] == "failed"
     assert run.data.tags["validation.events"] == "passed"
     assert run.data.tags["step.segment.model"] == "kinematic-baseline"
@@ -165,7 +173,41 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
     assert steps_arts == {f"steps/{s}.json" for s in ("segment", "caption", "outcome",
                                                       "dense", "rubric")}  # fmt: skip
     logged = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert "engine_summary.json" in logged
+    assert {"engine_summary.json", "report", "curation"} <= logged
+
+    # Curate -> export -> report. The tiny model's captions and rewards are mostly rejected,
+    # so the mixture is the kinematic events of the valid episodes in the policy split,
+    # each row saying which table it could not use and why.
+    cur = state["curate"]
+    mix = pd.read_parquet(cur["mixture_path"])
+    assert cur["rows"] == len(mix) > 0 and set(mix.episode_id) <= {ids[0], ids[2]}
+    assert "policy" in set(mix.split) and ids[1] not in set(mix.episode_id)
+    assert all(w > 0 for w in mix.weight)
+    assert abs(mix.groupby("split").weight.sum() - 1).max() < 1e-9
+    assert all("events" in t for t in mix.source_tables)
+    assert run.data.tags["validation.mixture"] == "passed"
+    assert cur["summary"]["dvc"] == {"skipped": "no dvc_repo configured"}
+    (ds_input,) = run.inputs.dataset_inputs
+    assert ds_input.dataset.name == f"{root.name}-mixture"
+    assert {t.key: t.value for t in ds_input.tags}["mlflow.data.context"] == "curated-mixture"
+    assert m["curate.mixture.policy.rows"] == float((mix.split == "policy").sum())
+    exp = state["export"]
+    assert exp["episodes"] == 3 and Path(exp["root"], "meta", "info.json").exists()
+    info = json.loads(Path(exp["root"], "meta", "info.json").read_text())
+    assert info["features"]["language_persistent"]["dtype"] == "language"
+    rep = state["report"]
+    assert Path(rep["index"]).exists() and rep["episode_pages"] == 2
+    assert Path(rep["root"]).is_relative_to(Path(state["outputs_dir"], "reports"))
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+    assert "report/index.html" in arts
+
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        events = [e for e in session.query(AssetEvent).all()
+                  if e.extra.get("mlflow_run_id") == state["mlflow_run_id"]]  # fmt: skip
+    assert len(events) == 1 and events[0].extra["path"] == cur["mixture_path"]
 
 
 def test_table_failing_its_suite_stops_the_run(airflow_home, tiny_dataset, tmp_path, monkeypatch):
@@ -195,7 +237,8 @@ def test_table_failing_its_suite_stops_the_run(airflow_home, tiny_dataset, tmp_p
     states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
     assert "failed" in str(dr.state).lower(), states
     assert states["validate"].endswith("success") and states["segment"].endswith("failed")
-    for t in ("caption", "reward_outcome", "reward_dense", "reward_rubric", "report"):
+    for t in ("caption", "reward_outcome", "reward_dense", "reward_rubric", "summary",
+              "curate", "export", "report"):  # fmt: skip
         assert states[t].endswith("upstream_failed"), states
 
     client = MlflowClient(tracking_uri=get_settings().tracking_uri)
