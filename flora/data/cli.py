@@ -27,6 +27,22 @@ def _floats(spec: str, hint: str) -> list[float] | None:
         ) from None
 
 
+RevisionOpt = typer.Option(
+    None, "--revision", help="Hub dataset branch, tag or commit (Hub ids only)."
+)
+
+
+def _dataset_arg(value: str) -> str:
+    """A dataset argument must be an existing folder or look like a Hub id (usage error)."""
+    from flora.data.dataset import HUB_DATASET
+
+    if value is not None and not Path(value).exists() and not HUB_DATASET.match(value):
+        raise typer.BadParameter(
+            f"{value!r} is neither an existing dataset folder nor a Hub id org/name[@revision]"
+        )
+    return value
+
+
 def register(app: typer.Typer, eval_app: typer.Typer) -> None:
     """Add the data commands to the root CLI."""
 
@@ -79,9 +95,12 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
     @app.command("ingest")
     def ingest(
-        path: Path = typer.Argument(
-            ..., exists=True, help="Dataset root (LeRobot v3.0/v2.1 or mp4 folder)."
+        path: str = typer.Argument(
+            ...,
+            callback=_dataset_arg,
+            help="Dataset root (LeRobot v3.0/v2.1 or mp4 folder) or Hub id org/name[@revision].",
         ),
+        revision: str | None = RevisionOpt,
         out: Path | None = typer.Option(None, "--out", help="Write the manifest Parquet here."),
         json_out: JsonOpt = None,
         strict: StrictOpt = False,
@@ -97,7 +116,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         from flora.data.ingest import ingest_dataset
 
         with report_output(json_out) as rep:
-            res = ingest_dataset(path, out=out)
+            res = ingest_dataset(path, out=out, revision=revision)
             t = Table(title=f"{res.dataset.name} ({res.dataset.format})")
             for c in ("episode", "task", "duration s", "frames", "status"):
                 t.add_column(c)
@@ -130,14 +149,17 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
     @app.command("dataset-info")
     def dataset_info(
-        path: Path = typer.Argument(..., exists=True, help="Dataset root."),
+        path: str = typer.Argument(
+            ..., callback=_dataset_arg, help="Dataset root or Hub id org/name[@revision]."
+        ),
+        revision: str | None = RevisionOpt,
         json_out: JsonOpt = None,
     ) -> None:
         """Print the detected layout, fps, cameras and episode count of a dataset."""
         from flora.data.dataset import open_dataset
 
         with report_output(json_out) as rep:
-            ds = open_dataset(path)
+            ds = open_dataset(path, revision=revision)
             typer.echo(
                 f"name: {ds.name}\nformat: {ds.format}\nfps: {ds.fps}\n"
                 f"episodes: {ds.num_episodes}\ncameras: {ds.camera_roles}"

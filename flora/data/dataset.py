@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import string
 from collections import OrderedDict
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -161,6 +163,43 @@ def _names(feat: dict | None) -> list[str]:
     return [str(n) for n in names] if isinstance(names, list) else []
 
 
+def read_tasks_parquet(path: Path, *, dataset: str | None = None) -> dict[int, str]:
+    """``task_index -> task`` from a LeRobot v3.0 ``meta/tasks.parquet``.
+
+    Reads both shapes in the wild: LeRobot's own (the task string is the pandas index,
+    one ``task_index`` column; without pandas metadata the index shows up as a
+    ``__index_level_0__`` column) and a flat table with ``task`` and ``task_index``
+    columns (what flora's generator wrote before it followed LeRobot).
+    """
+    try:
+        df = pd.read_parquet(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise FloraDataError(
+            f"unreadable tasks parquet ({e})", dataset=dataset, file=path, field="tasks"
+        ) from e
+    if "task_index" not in df.columns:
+        raise FloraDataError(
+            f"tasks parquet has no task_index column (columns: {list(df.columns)})",
+            dataset=dataset,
+            file=path,
+            field="task_index",
+        )
+    if "task" in df.columns:
+        texts = list(df["task"])
+    elif "__index_level_0__" in df.columns:
+        texts = list(df["__index_level_0__"])
+    else:
+        texts = list(df.index)
+    if not all(isinstance(t, str) for t in texts):
+        raise FloraDataError(
+            "tasks parquet: task strings not found (expected them as the index or a 'task' column)",
+            dataset=dataset,
+            file=path,
+            field="task",
+        )
+    return {int(i): t for i, t in zip(df["task_index"], texts, strict=True)}
+
+
 class Dataset:
     """Common interface of every reader."""
 
@@ -169,6 +208,7 @@ class Dataset:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.name = root.name
+        self.source: DatasetSource | None = None  # set by open_dataset
 
     # Overridden by readers ---------------------------------------------------
     @property
@@ -273,6 +313,10 @@ class _LeRobotBase(Dataset):
         self._video_keys = [
             k for k, f in self.features.items() if isinstance(f, dict) and f.get("dtype") == "video"
         ]
+        # Cameras stored as encoded images in the data parquet (LIBERO-style datasets).
+        self._image_keys = [
+            k for k, f in self.features.items() if isinstance(f, dict) and f.get("dtype") == "image"
+        ]
         if self._video_keys and "video_path" not in info:
             raise FloraDataError(
                 "meta/info.json is missing a required key",
@@ -293,6 +337,7 @@ class _LeRobotBase(Dataset):
                     **{n: "x" if n == "video_key" else 0 for n in names},
                 )
         self._tables: OrderedDict[Path, pa.Table] = OrderedDict()
+        self._schemas: dict[Path, list[str]] = {}
 
     @property
     def fps(self) -> float:
@@ -300,7 +345,36 @@ class _LeRobotBase(Dataset):
 
     @property
     def camera_keys(self) -> list[str]:
-        return list(self._video_keys)
+        keys = set(self._video_keys) | set(self._image_keys)
+        return [k for k in self.features if k in keys]
+
+    def _image_cameras(self, i: int, rows: pa.Table, length: int, path: Path) -> dict:
+        """``kind="image"`` streams for the image features of episode ``i`` (rows of ``path``)."""
+        cams = {}
+        dur = int(round(length * 1e6 / self._fps))
+        for key in self._image_keys:
+            if key not in self._schemas.get(path, ()):
+                raise FloraDataError(
+                    "image feature has no column in the data file",
+                    dataset=self.name,
+                    episode=i,
+                    file=path,
+                    field=key,
+                )
+            w, h = self._video_size(key)
+            cams[key] = CameraStream(
+                key,
+                self.camera_roles[key],
+                path,
+                0,
+                dur,
+                self._video_fps(key),
+                w,
+                h,
+                kind="image",
+                episode_index=i,
+            )
+        return cams
 
     def _video_size(self, key: str) -> tuple[int, int]:
         f = self.features[key]
@@ -347,7 +421,11 @@ class _LeRobotBase(Dataset):
                 "data file is missing", dataset=self.name, episode=ep, file=path, field="data_path"
             )
         try:
-            tbl = pq.read_table(path)
+            # Image columns (encoded frames, often most of the file) are read only when a
+            # frame is sampled (flora.data.frames), not with every episode's signals.
+            names = pq.read_schema(path).names
+            tbl = pq.read_table(path, columns=[c for c in names if c not in self._image_keys])
+            self._schemas[path] = names
         except (pa.ArrowInvalid, OSError) as e:
             raise FloraDataError(
                 f"unreadable parquet ({e})",
@@ -453,10 +531,7 @@ class LeRobotV30Dataset(_LeRobotBase):
         p = self.root / "meta" / "tasks.parquet"
         if not p.exists():
             return {}
-        df = pd.read_parquet(p)
-        if "task" in df.columns:
-            return {int(i): str(t) for i, t in zip(df.task_index, df.task, strict=True)}
-        return {int(i): str(t) for t, i in zip(df.index, df.task_index, strict=True)}
+        return read_tasks_parquet(p, dataset=self.name)
 
     def episode_indices(self) -> list[int]:
         return [int(i) for i in self.episodes_meta.index]
@@ -523,6 +598,7 @@ class LeRobotV30Dataset(_LeRobotBase):
                 )
             w, h = self._video_size(key)
             cams[key] = CameraStream(key, roles[key], vp, t0, t1, self._video_fps(key), w, h)
+        cams.update(self._image_cameras(i, rows, length, path))
         return self._episode_from_rows(i, rows, length, task, cams, path)
 
 
@@ -610,6 +686,7 @@ class LeRobotV21Dataset(_LeRobotBase):
                 )
             w, h = self._video_size(key)
             cams[key] = CameraStream(key, roles[key], vp, 0, dur, self._video_fps(key), w, h)
+        cams.update(self._image_cameras(i, rows, length, path))
         return self._episode_from_rows(i, rows, length, task, cams, path)
 
 
@@ -747,11 +824,92 @@ class Mp4FolderDataset(Dataset):
 # ----------------------------------------------------------------------------- entry
 
 
-def open_dataset(path: str | Path) -> Dataset:
-    """Open a dataset, auto-detecting LeRobot v3.0, LeRobot v2.1 or a plain mp4 folder."""
-    root = Path(path)
-    if not root.exists():
-        raise FloraDataError("dataset path does not exist", dataset=root.name, file=root)
+# ``org/name`` (Hub repo id), optionally ``@revision`` (branch, tag or commit).
+HUB_DATASET = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[^@\s]+))?$")
+_TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """Where a dataset's files are: a local root, and for Hub datasets the repo/commit."""
+
+    root: Path
+    name: str
+    repo_id: str | None = None
+    revision: str | None = None  # as asked for (branch/tag/commit), None = the default
+    commit: str | None = None  # the snapshot's commit hash (Hub datasets)
+
+
+def resolve_dataset(path: str | Path, revision: str | None = None) -> DatasetSource:
+    """A local dataset folder, or a Hugging Face Hub dataset resolved into the local cache.
+
+    A path that exists on disk is used as is (so a local folder named like ``org/name``
+    wins). Otherwise ``org/name`` or ``org/name@revision`` (or ``revision=``) names a Hub
+    dataset repo: ``huggingface_hub.snapshot_download(repo_type="dataset")`` resolves it
+    into the HF cache (``HF_HUB_CACHE``, read at call time) and returns the snapshot folder
+    of that commit. With ``HF_HUB_OFFLINE=1`` resolution uses the cache only: a branch or
+    tag is looked up in ``refs/<revision>``, a commit in ``snapshots/<commit>``.
+    """
+    text = str(path)
+    local = Path(path)
+    if local.exists():
+        if revision is not None:
+            raise FloraDataError(
+                "a revision applies to Hub datasets, not to a local folder",
+                dataset=local.name,
+                file=local,
+                field="revision",
+            )
+        return DatasetSource(local, local.name)
+    m = HUB_DATASET.match(text)
+    if m is None:
+        raise FloraDataError("dataset path does not exist", dataset=local.name, file=local)
+    repo, rev = m.group("repo"), m.group("rev")
+    if rev is not None and revision is not None and rev != revision:
+        raise FloraDataError(
+            f"two revisions given: {rev!r} in the name and {revision!r}",
+            dataset=repo,
+            field="revision",
+        )
+    rev = rev or revision
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+    try:
+        snap = snapshot_download(
+            repo,
+            repo_type="dataset",
+            revision=rev,
+            cache_dir=os.environ.get("HF_HUB_CACHE") or None,
+            local_files_only=offline,
+        )
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
+        how = "in the local Hugging Face cache (HF_HUB_OFFLINE=1)" if offline else "on the Hub"
+        raise FloraDataError(
+            f"Hub dataset {repo}@{rev or 'main'} not found {how}: {type(e).__name__}: {e}",
+            dataset=repo,
+            field="revision" if rev else "dataset",
+        ) from e
+    root = Path(snap)
+    return DatasetSource(root, repo.split("/", 1)[1], repo, rev, root.name)
+
+
+def open_dataset(path: str | Path, *, revision: str | None = None) -> Dataset:
+    """Open a dataset, auto-detecting LeRobot v3.0, LeRobot v2.1 or a plain mp4 folder.
+
+    ``path`` is a local folder or a Hub dataset ``org/name[@revision]`` (see
+    ``resolve_dataset``); a Hub dataset is named after its repo (``name``), and
+    ``dataset.source`` records repo and commit.
+    """
+    src = resolve_dataset(path, revision)
+    ds = _open_root(src.root)
+    ds.name = src.name
+    ds.source = src
+    return ds
+
+
+def _open_root(root: Path) -> Dataset:
     info_path = root / "meta" / "info.json"
     if info_path.exists():
         try:

@@ -45,10 +45,14 @@ class FloraDataError(ValueError):
 
 @dataclass(frozen=True)
 class CameraStream:
-    """One camera of one episode: a span of an mp4 file.
+    """One camera of one episode: a span of an mp4 file, or an image column.
 
-    LeRobot v3.0 concatenates several episodes in one file, so the episode's frames
-    live at ``[file_start_us, file_end_us)`` of ``path``.
+    ``kind="video"``: LeRobot v3.0 concatenates several episodes in one file, so the
+    episode's frames live at ``[file_start_us, file_end_us)`` of ``path``.
+    ``kind="image"`` (LeRobot ``dtype: image`` features, e.g. LIBERO): every frame is an
+    encoded image (PNG/JPEG bytes, struct ``{bytes, path}``) in column ``key`` of the data
+    parquet ``path``, on the rows of episode ``episode_index``; frame times are the rows'
+    timestamps and ``[file_start_us, file_end_us)`` is ``[0, duration)``.
     """
 
     key: str  # dataset feature key, e.g. "observation.images.top"
@@ -59,6 +63,8 @@ class CameraStream:
     fps: float
     width: int
     height: int
+    kind: str = "video"  # "video" (mp4 span) or "image" (encoded images in a parquet column)
+    episode_index: int | None = None  # rows of this episode in ``path`` (kind="image")
 
 
 def make_episode_id(dataset: str, index: int) -> str:

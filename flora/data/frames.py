@@ -19,12 +19,16 @@ Works on concatenated LeRobot v3.0 files: episode time t is file time
 from __future__ import annotations
 
 import bisect
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import av
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from av.video.reformatter import VideoReformatter
+from PIL import Image
 
 from flora.data.episode import CameraStream, Episode, FloraDataError, Frame
 from flora.data.video import open_video, packet_index, ts_to_us, us_to_ts
@@ -95,6 +99,8 @@ def sample_frames(
     if not times:
         return []
     where = _where(stream, dataset, episode)
+    if stream.kind == "image":
+        return _sample_images(stream, times, missing, clamp_end, st, where)
     container = open_video(stream.path, dataset=dataset, episode=episode, field=stream.key)
     try:
         try:
@@ -140,6 +146,83 @@ def sample_frames(
     out: list[Frame | None] = [None] * len(times)
     for j, p in want.items():
         out[j] = Frame(p - origin, images[p])
+    return out
+
+
+def _image_rows(stream: CameraStream, where: dict) -> tuple[list[int], pa.Array]:
+    """Episode-relative frame times (µs) and the encoded-image cells of an image camera."""
+    from flora.data.dataset import timestamps_to_us
+
+    cols = ["timestamp", stream.key]
+    try:
+        names = pq.read_schema(stream.path).names
+        if "frame_index" in names:
+            cols.append("frame_index")
+        filters = None
+        if stream.episode_index is not None and "episode_index" in names:
+            filters = [("episode_index", "=", int(stream.episode_index))]
+        tbl = pq.read_table(stream.path, columns=cols, filters=filters)
+    except (pa.ArrowInvalid, OSError, KeyError) as e:
+        raise FloraDataError(f"unreadable image column ({e})", **where) from e
+    if tbl.num_rows == 0:
+        raise FloraDataError("no image rows for this episode", **where)
+    if "frame_index" in tbl.column_names:
+        tbl = tbl.sort_by("frame_index")
+    ts = timestamps_to_us(
+        tbl.column("timestamp").to_numpy(),
+        stream.fps,
+        dataset=where["dataset"],
+        episode=where["episode"],
+        file=stream.path,
+    )
+    return [int(t) for t in ts], tbl.column(stream.key).combine_chunks()
+
+
+def _decode_image_cell(cell: dict | bytes | None, t_us: int, where: dict) -> np.ndarray:
+    """One ``{bytes, path}`` (or raw bytes) cell -> (H, W, 3) uint8 RGB."""
+    data = cell.get("bytes") if isinstance(cell, dict) else cell
+    if not data:
+        raise FloraDataError(f"image cell at {t_us} µs holds no bytes", **where)
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            return np.asarray(im.convert("RGB"))
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise FloraDataError(f"undecodable image at {t_us} µs ({e})", **where) from e
+
+
+def _sample_images(
+    stream: CameraStream,
+    times: list[int],
+    missing: str,
+    clamp_end: bool,
+    st: DecodeStats,
+    where: dict,
+) -> list[Frame | None]:
+    """``sample_frames`` for a ``kind="image"`` camera: same time -> frame rule as video."""
+    pts, cells = _image_rows(stream, where)
+    period = int(round(1_000_000 / stream.fps))
+    span = stream.file_end_us - stream.file_start_us
+    last_end = min(pts[-1] + period, span)
+    out: list[Frame | None] = [None] * len(times)
+    decoded: dict[int, np.ndarray] = {}
+    for j, t in enumerate(times):
+        if t < 0:
+            raise FloraDataError(f"requested time {t} µs is negative", **where)
+        if t >= span and clamp_end:
+            k = len(pts) - 1
+        else:
+            k = bisect.bisect_right(pts, t + SLACK_US) - 1
+            if k < 0 or t >= last_end or t >= span:
+                if missing == "error":
+                    raise FloraDataError(
+                        f"no frame at {t} µs (camera covers [0, {last_end}) µs of this episode)",
+                        **where,
+                    )
+                continue
+        if k not in decoded:
+            decoded[k] = _decode_image_cell(cells[k].as_py(), pts[k], where)
+            st.decoded += 1
+        out[j] = Frame(pts[k], decoded[k])
     return out
 
 
@@ -221,6 +304,17 @@ def sample_episode_frames(
 def decode_all(stream: CameraStream, *, to_rgb: bool = True) -> list[Frame]:
     """Decode every frame of the stream's span in order (baseline for the benchmark)."""
     out: list[Frame] = []
+    if stream.kind == "image":
+        where = _where(stream, None, stream.episode_index)
+        pts, cells = _image_rows(stream, where)
+        for k, t in enumerate(pts):
+            img = (
+                _decode_image_cell(cells[k].as_py(), t, where)
+                if to_rgb
+                else np.empty((0, 0, 3), np.uint8)
+            )
+            out.append(Frame(t, img))
+        return out
     with open_video(stream.path, field=stream.key) as c:
         vs = c.streams.video[0]
         rgb = VideoReformatter()

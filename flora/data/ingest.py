@@ -95,14 +95,18 @@ def check_episode(ep: Episode) -> None:
 
 
 def ingest_dataset(
-    path: str | Path, *, out: str | Path | None = None, progress: bool = True
+    path: str | Path,
+    *,
+    out: str | Path | None = None,
+    progress: bool = True,
+    revision: str | None = None,
 ) -> IngestResult:
     """Check every episode of a dataset and return the manifest (optionally written).
 
     A dataset that cannot be opened at all raises FloraDataError; a bad episode only marks
     its own row ``status="error"``.
     """
-    ds = open_dataset(path)
+    ds = open_dataset(path, revision=revision)
     rows = []
     for i in tqdm(ds.episode_indices(), desc=f"ingest {ds.name}", unit="ep", disable=not progress):
         row = {

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
@@ -184,6 +185,21 @@ def _stats(rolls: dict[int, Rollout]) -> dict:
             "count": [int(len(x))],
         }
     return out
+
+
+def write_tasks_parquet(path: Path, tasks: Sequence[str]) -> None:
+    """``meta/tasks.parquet`` in LeRobot v3.0's own shape.
+
+    LeRobot builds ``pd.DataFrame({"task_index": [...]}, index=tasks)`` (the task string
+    *is* the index) and writes it with ``DataFrame.to_parquet``, so the file has a
+    ``task_index`` column plus the pandas index column and pandas metadata; its
+    ``load_tasks`` reads it back with ``pd.read_parquet`` and looks tasks up with
+    ``tasks.loc[task]``. A plain ``task`` column would load, but LeRobot would then look
+    tasks up in a 0..N-1 integer index and never find one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df = pd.DataFrame({"task_index": np.arange(len(tasks), dtype=np.int64)}, index=list(tasks))
+    df.to_parquet(path)
 
 
 def _write_json(p: Path, obj) -> None:
@@ -369,13 +385,7 @@ def _write_v30(out: Path, cfg: SynthConfig, rolls, tasks: list[str], bar) -> Non
     ep_path = out / "meta/episodes/chunk-000/file-000.parquet"
     ep_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(ep_rows), ep_path)
-    tasks_tbl = pa.table(
-        {
-            "task_index": pa.array(range(len(tasks)), pa.int64()),
-            "task": pa.array(tasks, pa.string()),
-        }
-    )
-    pq.write_table(tasks_tbl, out / "meta/tasks.parquet")
+    write_tasks_parquet(out / "meta/tasks.parquet", tasks)
     info = {
         "codebase_version": "v3.0",
         "robot_type": "flora_toy_arm",

@@ -64,8 +64,11 @@ def test_episode_meta_and_concatenated_video_files(tiny_dataset):
     assert list(eps[f"videos/{TOP}/from_timestamp"]) == [0.0, 6.0, 0.0]
     assert list(eps[f"videos/{TOP}/to_timestamp"]) == [6.0, 20.0, 26.0]
     assert list(eps.dataset_from_index) == [0, 120, 400]
+    # LeRobot's shape: indexed by the task string, one task_index column.
     tasks = pd.read_parquet(tiny_dataset / "meta/tasks.parquet")
-    assert set(tasks.task) == {t[0] for t in eps.tasks}
+    assert list(tasks.columns) == ["task_index"]
+    assert set(tasks.index) == {t[0] for t in eps.tasks}
+    assert sorted(tasks.task_index) == list(range(len(tasks)))
     data = pd.read_parquet(tiny_dataset / "data/chunk-000/file-000.parquet")
     assert set(data.columns) >= {
         "index",
