@@ -4,9 +4,12 @@ Embedded default: ``sqlite:///<home>/mlflow.db`` with artifacts under ``<home>/m
 production points ``FLORA_MLFLOW_TRACKING_URI`` at the MLflow server (Postgres + object
 store, see ``infra/``) and the same code logs there.
 
-Every pipeline step logs into one MLflow run per pipeline run: the first step opens it with
-:func:`mlflow_run` and hands its ``run_id`` on (Airflow XCom / KFP parameter); later steps
-reopen it with ``mlflow_run(..., run_id=...)``. MLflow 3 conventions hold everywhere:
+A pipeline run opens a parent run (:func:`start_pipeline_run`: experiment per workflow,
+git commit, params, left RUNNING) and hands its ``run_id`` on (Airflow XCom / KFP
+parameter); each step calls ``mlflow_run(step, run_id=parent)`` and gets its own nested
+child run, FAILED if the step raised; the last task closes the parent with
+:func:`finish_pipeline_run`, FAILED when any task failed. A ``run_id`` that is not a parent
+is simply reopened (one flat run shared by steps). MLflow 3 conventions hold everywhere:
 ``log_model(name=...)`` and registered-model aliases, never stages.
 """
 
@@ -78,6 +81,76 @@ def ensure_experiment(name: str | None = None, settings: FloraSettings | None = 
             return exp.experiment_id
 
 
+# A pipeline's parent run (one per DAG / pipeline run) carries this tag; a step that
+# "reopens" it with ``mlflow_run(..., run_id=parent)`` gets its own nested child run.
+PARENT_TAG = "flora.pipeline_parent"
+FAILED_STATES = frozenset({"failed", "upstream_failed"})
+
+
+def git_commit() -> str:
+    """The project's git commit (``unknown`` outside a checkout, e.g. in an image)."""
+    import subprocess
+    from pathlib import Path
+
+    try:
+        res = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            timeout=30,
+        )
+    except OSError:
+        return "unknown"
+    return res.stdout.strip() if res.returncode == 0 else "unknown"
+
+
+def start_pipeline_run(
+    workflow: str,
+    *,
+    tags: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+    experiment: str | None = None,
+    run_name: str | None = None,
+    settings: FloraSettings | None = None,
+) -> str:
+    """Open the parent run of one pipeline run (experiment ``flora-<workflow>``).
+
+    Tagged with the git commit and :data:`PARENT_TAG`, the params logged, and left
+    RUNNING: :func:`finish_pipeline_run` closes it with the pipeline's real status once
+    every task has ended. Returns its run id.
+    """
+    from mlflow import MlflowClient
+
+    s = settings or get_settings()
+    exp_id = ensure_experiment(experiment or f"flora-{workflow}", s)
+    all_tags = {"flora.workflow": workflow, "flora.git_commit": git_commit(), PARENT_TAG: "1"}
+    all_tags |= {str(k): str(v) for k, v in (tags or {}).items()}
+    client = MlflowClient()
+    run = client.create_run(exp_id, run_name=run_name or workflow, tags=all_tags)
+    for k, v in (params or {}).items():
+        client.log_param(run.info.run_id, str(k), str(v)[:6000])
+    return run.info.run_id
+
+
+def finish_pipeline_run(run_id: str, task_states: Mapping[str, str]) -> str:
+    """Close a parent run: FAILED when any task failed (or was skipped by a failure)."""
+    from mlflow import MlflowClient
+
+    configure()
+    failed = sorted(t for t, st in task_states.items() if str(st).lower() in FAILED_STATES)
+    client = MlflowClient()
+    client.set_tag(run_id, "flora.failed_tasks", ",".join(failed))
+    client.set_tag(run_id, "flora.task_states", json.dumps(dict(task_states), sort_keys=True))
+    status = "FAILED" if failed else "FINISHED"
+    client.set_terminated(run_id, status=status)
+    return status
+
+
+def _is_parent(run: Any) -> bool:
+    return run.data.tags.get(PARENT_TAG) == "1"
+
+
 @contextmanager
 def mlflow_run(
     name: str,
@@ -99,7 +172,17 @@ def mlflow_run(
     s = settings or get_settings()
     exp_id = ensure_experiment(experiment, s)
     str_tags = {str(k): str(v) for k, v in (tags or {}).items()}
-    if run_id is not None:
+    parent = mlflow.get_run(run_id) if run_id is not None else None
+    if parent is not None and _is_parent(parent):
+        # One nested child run per task under the pipeline's parent run.
+        str_tags |= {"mlflow.parentRunId": run_id, "flora.steps": name, "flora.step": name}
+        for k in ("flora.workflow", "flora.git_commit", "airflow.run_id", "airflow.dag_id"):
+            if k in parent.data.tags:
+                str_tags.setdefault(k, parent.data.tags[k])
+        run = mlflow.start_run(
+            experiment_id=parent.info.experiment_id, run_name=run_name or name, tags=str_tags
+        )
+    elif run_id is not None:
         run = mlflow.start_run(run_id=run_id)
         steps = run.data.tags.get("flora.steps", "")
         str_tags["flora.steps"] = f"{steps},{name}" if steps else name
