@@ -1,0 +1,199 @@
+"""Set builders: episode splits, no ground-truth caption in any prompt, strict round trips,
+the inference steps' exact requests, GX suite, mixtures."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from flora.data.dataset import open_dataset
+from flora.data.ground_truth import load_ground_truth
+from training.sets import (
+    SetError,
+    build_grpo_set,
+    build_sft_set,
+    load_set,
+    read_manifest,
+    split_of,
+    target_problem,
+)
+
+FRACTION = 0.34
+
+
+@pytest.fixture(scope="module")
+def sets(tiny_dataset, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sets")
+    kw = {"split_fraction": FRACTION, "progress": False}
+    return {
+        "segmenter": build_sft_set("segmenter", tiny_dataset, root / "seg", **kw),
+        "captioner": build_sft_set("captioner", tiny_dataset, root / "cap", **kw),
+        "rewarder": build_sft_set(
+            "rewarder", tiny_dataset, root / "rew", outcome_frames=8, rubric_frames=4, **kw
+        ),
+        "grpo-segmenter": build_grpo_set(
+            "segmenter", tiny_dataset, root / "gseg", profiles=("standard",), **kw
+        ),
+        "grpo-captioner": build_grpo_set("captioner", tiny_dataset, root / "gcap", **kw),
+    }
+
+
+def test_split_is_by_episode_hash(sets) -> None:
+    splits_seen = set()
+    for path in sets.values():
+        exs = load_set(path)
+        per: dict[str, set[str]] = {}
+        for e in exs:
+            per.setdefault(e.episode_id, set()).add(e.split)
+        for eid, s in per.items():
+            assert s == {split_of(eid, FRACTION)}, eid  # one split, from the id alone
+        splits_seen |= {e.split for e in exs}
+        man = read_manifest(path)
+        assert not set(man["episodes"]["train"]) & set(man["episodes"]["heldout"])
+    assert splits_seen == {"train", "heldout"}  # this fraction puts episodes on both sides
+    assert split_of("toy/000001", 0.0) == "train"
+
+
+def test_no_ground_truth_caption_reaches_a_caption_prompt(sets, tiny_dataset) -> None:
+    gt = load_ground_truth(tiny_dataset)
+    captions = {e.caption for i in gt.episode_indices() for e in gt.events(i)}
+    assert captions
+    for key in ("captioner", "grpo-captioner"):
+        exs = load_set(sets[key])
+        assert len(exs) == sum(len(gt.events(i)) for i in gt.episode_indices())
+        for e in exs:
+            text = (e.system or "") + "\n" + e.prompt
+            for c in captions:
+                assert c not in text and c.rstrip(".") not in text, (e.example_id, c)
+            # ... while the target and reference do carry the event's own caption.
+            assert e.reference_obj()["caption"].rstrip(".") in e.target
+
+
+def test_targets_round_trip_through_the_strict_parsers(sets) -> None:
+    from flora.caption.grammar import parse_caption
+    from flora.segment.grammar import parse_segments
+
+    kinds = set()
+    for path in sets.values():
+        for e in load_set(path):
+            kinds.add(e.task_kind)
+            assert target_problem(e.model, e.task_kind, e.target, e.reference) is None
+            if e.task_kind == "segment":
+                ref = e.reference_obj()
+                segs = parse_segments(e.target, ref["n_ticks"])
+                assert [[s.u, s.v, int(s.left_open), int(s.right_open)] for s in segs] == ref[
+                    "segments"
+                ]
+            if e.task_kind == "caption":
+                assert isinstance(parse_caption(e.target), str)
+    assert kinds == {"segment", "caption", "outcome", "dense", "rubric"}
+    # A wrong target is caught by the same check (the suite's derived column).
+    assert target_problem("rewarder", "outcome", "score: 9", '{"score": 4}') is not None
+
+
+def test_examples_are_the_inference_steps_requests(sets, tiny_dataset) -> None:
+    from flora.caption.run import CaptionConfig, build_caption_requests
+    from flora.reward.run import outcome_request
+
+    ds = open_dataset(tiny_dataset)
+    gt = load_ground_truth(tiny_dataset)
+    ep = ds.episode(1)
+    cap = {e.request_id: e for e in load_set(sets["captioner"])}
+    built = build_caption_requests(
+        ep, [e for e in gt.events(1)], config=CaptionConfig(neighbour_captions=False)
+    )
+    assert built.requests
+    for req in built.requests:
+        got = cap[req.request_id].to_request()
+        assert (got.prompt, got.system, got.frame_times_us) == (
+            req.prompt,
+            req.system,
+            req.frame_times_us,
+        )
+        assert all((a == b).all() for a, b in zip(got.images, req.images, strict=True))
+    rew = {e.request_id: e for e in load_set(sets["rewarder"])}
+    want = outcome_request(ep, 8)
+    got = rew[want.request_id].to_request()
+    assert got.prompt == want.prompt and got.top_logprobs == want.top_logprobs
+    # The rewarder's three kinds are all there, unweighted.
+    exs = load_set(sets["rewarder"])
+    assert {e.task_kind for e in exs} == {"outcome", "dense", "rubric"}
+    assert {e.weight for e in exs} == {1.0}
+    rub = [e for e in exs if e.task_kind == "rubric"][0]
+    assert rub.target.startswith("<think>")
+
+
+def test_segmenter_covers_profiles_and_passes(sets) -> None:
+    exs = load_set(sets["segmenter"])
+    refs = [e.reference_obj() for e in exs]
+    assert {(r["profile"], r["pass"]) for r in refs} >= {
+        ("standard", "primary"),
+        ("standard", "shifted"),
+        ("long_horizon", "primary"),
+    }
+    assert len(
+        {(r["window"][0], r["window"][1], e.episode_id) for r, e in zip(refs, exs, strict=True)}
+    ) == len(exs)
+    g = load_set(sets["grpo-segmenter"])
+    assert all(e.purpose == "grpo" and "segments" in e.reference_obj() for e in g)
+
+
+def test_mixture_sets_events_and_splits(tiny_dataset, tmp_path) -> None:
+    gt = load_ground_truth(tiny_dataset)
+    ds = open_dataset(tiny_dataset)
+    from flora.data.episode import make_episode_id
+
+    rows = []
+    for i, split in ((0, "train"), (2, "val")):
+        for e in gt.events(i):
+            rows.append(
+                {
+                    "episode_id": make_episode_id(ds.name, i),
+                    "start_us": e.start_us,
+                    "end_us": e.end_us,
+                    "caption": e.caption,
+                    "weight": 0.1,
+                    "split": split,
+                }
+            )
+    mix = tmp_path / "mix.parquet"
+    pd.DataFrame(rows).to_parquet(mix)
+    p = build_sft_set("captioner", tiny_dataset, tmp_path / "s", mixture=mix, progress=False)
+    exs = load_set(p)
+    assert {e.episode_id: e.split for e in exs} == {
+        make_episode_id(ds.name, 0): "train",
+        make_episode_id(ds.name, 2): "heldout",
+    }
+    bad = pd.DataFrame(rows)
+    bad.loc[0, "split"] = "heldout"
+    bad.to_parquet(mix)
+    with pytest.raises(SetError, match="two splits"):
+        build_sft_set("captioner", tiny_dataset, tmp_path / "s2", mixture=mix, progress=False)
+
+
+def test_bad_requests_for_sets(tiny_dataset, tmp_path) -> None:
+    with pytest.raises(SetError, match="no RL"):
+        build_grpo_set("rewarder", tiny_dataset, tmp_path / "x", progress=False)
+    with pytest.raises(SetError, match="unknown model"):
+        build_sft_set("policy", tiny_dataset, tmp_path / "y", progress=False)
+    with pytest.raises(SetError, match="not found"):
+        load_set(tmp_path / "nothing")
+    (tmp_path / "z").mkdir()
+    pd.DataFrame({"a": [1]}).to_parquet(tmp_path / "z" / "examples.parquet")
+    with pytest.raises(SetError, match="missing column"):
+        load_set(tmp_path / "z")
+
+
+def test_sets_are_logged_as_mlflow_datasets(sets, isolated_home) -> None:
+    import mlflow
+
+    from training.sets import log_set
+
+    run_id = log_set(sets["rewarder"])
+    run = mlflow.get_run(run_id)
+    contexts = sorted(i.tags[0].value for i in run.inputs.dataset_inputs)
+    assert contexts == ["heldout", "train"]
+    assert read_manifest(sets["rewarder"])["mlflow_run_id"] == run_id
+    assert json.loads(json.dumps(run.data.params))["set.outcome_frames"] == "8"
