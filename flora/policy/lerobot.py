@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from flora.data.episode import Episode, FloraDataError
+from flora.data.episode import Episode, FloraDataError, make_episode_id
 from flora.policy import rtc
 from flora.policy.configuration_dit import DiTConfig
 from flora.policy.modeling_dit import DiTActionExpert, hash_tokens
@@ -69,6 +69,10 @@ class PolicyTrainConfig:
     image_features: bool = False
     events: Path | None = None
     episodes: list[int] | None = None
+    # Curated mixture (flora.curate): train on its ``mixture_split`` rows, steps sampled by
+    # their rows' weights; episodes outside it are left out. None: every step uniformly.
+    mixture: Path | None = None
+    mixture_split: str = "policy"
     val_fraction: float = 0.1
     checkpoint_every: int = 5
     seed: int = 0
@@ -247,6 +251,12 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
 
     ds = open_dataset(cfg.dataset)
     indices = cfg.episodes if cfg.episodes is not None else ds.episode_indices()
+    mix = None
+    if cfg.mixture is not None:
+        from flora.curate.weights import load_split
+
+        mix = load_split(cfg.mixture, cfg.mixture_split)
+        indices = [i for i in indices if make_episode_id(ds.name, int(i)) in set(mix.episode_id)]
     per_ep: list[dict[str, Any]] = []
     failures: list[EpisodeFailure] = []
     cap_steps = 0
@@ -272,7 +282,13 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
             failures.append(EpisodeFailure(int(i), str(e)))
             continue
         cap_steps += n_cap
-        per_ep.append({"index": int(i), "state": st, "action": ac, "texts": texts, "img": img})
+        w = None
+        if mix is not None:
+            from flora.curate.weights import step_weights
+
+            w = step_weights(mix, ep.episode_id, ep.timestamps_us)
+        per_ep.append({"index": int(i), "state": st, "action": ac, "texts": texts, "img": img,
+                       "w": w})  # fmt: skip
     if not per_ep:
         reasons = "; ".join(f"{f.episode}: {f.reason}" for f in failures[:3])
         raise FloraDataError(f"no usable episode ({reasons})", dataset=Path(cfg.dataset).name)
@@ -318,7 +334,10 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
         }
         if imgs:
             obs["image"] = torch.from_numpy(np.concatenate(imgs))
-        return ChunkDataset(obs, torch.from_numpy(np.concatenate(C).astype(np.float32)))
+        w = None
+        if mix is not None and eps and sum(float(e["w"].sum()) for e in eps) > 0:
+            w = torch.from_numpy(np.concatenate([e["w"] for e in eps]))
+        return ChunkDataset(obs, torch.from_numpy(np.concatenate(C).astype(np.float32)), w)
 
     val_eps = [e for k, e in enumerate(per_ep) if k in val_set]
     return PolicyData(

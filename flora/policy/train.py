@@ -31,12 +31,16 @@ class ChunkDataset:
 
     obs: dict[str, torch.Tensor]
     chunks: torch.Tensor  # (N, H, A)
+    # Per-row sampling weights (a curated mixture, flora.curate.weights); None: uniform.
+    weights: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.chunks.shape[0]
         for k, v in self.obs.items():
             if v.shape[0] != n:
                 raise ValueError(f"ChunkDataset: obs[{k!r}] has {v.shape[0]} rows, chunks {n}")
+        if self.weights is not None and (self.weights.shape != (n,) or self.weights.sum() <= 0):
+            raise ValueError(f"ChunkDataset: weights must be ({n},) with a positive sum")
 
     def __len__(self) -> int:
         return int(self.chunks.shape[0])
@@ -134,7 +138,10 @@ def train_epochs(
     model.train()
     for _ in range(epochs):
         g = torch.Generator().manual_seed(train.seed * 1_000_003 + state.epoch)
-        perm = torch.randperm(n, generator=g)
+        if data.weights is not None:  # mixture weighting: draw rows by weight
+            perm = torch.multinomial(data.weights, n, replacement=True, generator=g)
+        else:
+            perm = torch.randperm(n, generator=g)
         total, count = 0.0, 0
         it = range(steps_per_epoch)
         bar = tqdm(it, desc=f"{desc} epoch {state.epoch + 1}", leave=False, disable=not progress)
