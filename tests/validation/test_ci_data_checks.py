@@ -114,10 +114,14 @@ def test_every_table_of_a_small_engine_run_passes_flora_validate_table(engine_ta
     assert Path(saved["data_docs"]).exists()
 
 
-def test_a_violated_expectation_fails_the_ci_check(engine_tables, tmp_path):
+def test_a_violated_expectation_fails_the_ci_check(engine_tables, tmp_path, capsys):
     """The same command on a damaged copy: one problem line naming the episode, exit != 0
-    (so the two tests above would fail ``make test``)."""
+    (so the two tests above would fail ``make test``). In process through the CLI's own
+    entry (``run_app``, as the ``flora`` script) to spare one interpreter start."""
     import pandas as pd
+
+    from flora.cli import app
+    from flora.cli_common import run_app
 
     _, out = engine_tables
     events = pd.concat(
@@ -129,8 +133,10 @@ def test_a_violated_expectation_fails_the_ci_check(engine_tables, tmp_path):
     bad.loc[row, "end_us"] = int(bad.loc[row, "duration_us"]) + 1  # eq. (1) violated
     damaged = tmp_path / "events.parquet"
     bad.to_parquet(damaged)
-    p = _flora("validate-table", "events", str(damaged), "--no-docs")
-    assert p.returncode == 3, p.stdout + p.stderr  # episode 0 is still fine
-    (line,) = _problems(p)
+    capsys.readouterr()
+    code = run_app(app, ["validate-table", "events", str(damaged), "--no-docs"])
+    stdout = capsys.readouterr().out
+    assert code == 3, stdout  # episode 0 is still fine
+    (line,) = [ln for ln in stdout.splitlines() if ln.startswith("error ")]
     assert line.startswith("error ci_world/000001 duration_us,end_us ")
     assert line.endswith(f"[{damaged}]")
