@@ -32,6 +32,7 @@ def _register() -> None:
         "flora.reward.cli",
         "flora.policy.cli",
         "flora.backends.cli",
+        "training.cli",
         "training.eval_cli",
         "flora.curate.cli",
         "flora.export.cli",
