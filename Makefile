@@ -13,11 +13,16 @@ export MPLBACKEND := Agg
 
 .PHONY: venv demo test lint lock clean
 
+# Extra index for the torch wheel, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu for
+# the CPU build on an ordinary machine (empty: the default index / local wheels).
+TORCH_INDEX ?=
+PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# requirements.lock pins the whole resolved stack (see docs/dependencies.md).
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q $(PIP_TORCH) -r requirements.lock
 	$(PY) -m pip install -q --no-deps -e .
 	@touch $(STAMP)
 
@@ -37,8 +42,10 @@ lint: venv
 # Re-resolve the stack from pyproject.toml and re-pin it (needs the package registries).
 lock:
 	rm -rf /tmp/flora-lock && $(PYTHON) -m venv /tmp/flora-lock
-	/tmp/flora-lock/bin/pip install -q --upgrade pip && /tmp/flora-lock/bin/pip install -q -e '.[dev]'
-	/tmp/flora-lock/bin/pip freeze --exclude-editable | grep -v '^flora' > requirements.lock
+	/tmp/flora-lock/bin/pip install -q --upgrade pip && /tmp/flora-lock/bin/pip install -q $(PIP_TORCH) -e '.[dev]'
+	# A local version (torch==X+cpu) only exists on the PyTorch index: pin the public one.
+	/tmp/flora-lock/bin/pip freeze --exclude-editable | grep -v '^flora' \
+		| sed -E 's/^([^=]+==[^+]+)\+[A-Za-z0-9.]+$$/\1/' > requirements.lock
 
 clean:
 	rm -rf .flora $(VENV)
