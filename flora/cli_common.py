@@ -77,6 +77,29 @@ class RewardMode(StrEnum):
     rubric = "rubric"
 
 
+class ModelRole(StrEnum):
+    """Which Flora model (registered as flora-<role>)."""
+
+    segmenter = "segmenter"
+    captioner = "captioner"
+    rewarder = "rewarder"
+
+
+class Judge(StrEnum):
+    """Caption judge for r_cap."""
+
+    embedding = "embedding"
+    llm = "llm"
+
+
+class Device(StrEnum):
+    """Torch device choice for in-process models (cuda:N is not offered here)."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
 # --------------------------------------------------------------------------- options
 
 JsonOpt = Annotated[
@@ -483,8 +506,11 @@ __all__ = [
     "EXIT_STATUS_HELP",
     "EXIT_USAGE",
     "Backend",
+    "Device",
     "FloraTyper",
     "JsonOpt",
+    "Judge",
+    "ModelRole",
     "Profile",
     "Report",
     "RewardMode",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -10,6 +9,7 @@ import typer
 from flora.cli_common import (
     Backend,
     JsonOpt,
+    Judge,
     StrictOpt,
     echo_failures,
     finish_step,
@@ -20,13 +20,6 @@ from flora.cli_common import (
     settings_with_backend,
     step_payload,
 )
-
-
-class Judge(StrEnum):
-    """Caption judge for r_cap."""
-
-    embedding = "embedding"
-    llm = "llm"
 
 
 def _check_neighbour_source(events: Path, dataset: Path) -> None:
