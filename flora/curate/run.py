@@ -248,8 +248,11 @@ def version_with_dvc(path: str | Path, repo: str | Path, dataset: str) -> dict[s
     pointer = target.with_name(target.name + ".dvc")
     md5 = yaml.safe_load(pointer.read_text())["outs"][0]["md5"]
     pushed = False
-    if "remote" in dvc("config", "core.remote").stdout or dvc("remote", "list").stdout.strip():
-        pushed = dvc("push", str(pointer.relative_to(repo))).returncode == 0
+    if dvc("remote", "list").stdout.strip():
+        p = dvc("push", str(pointer.relative_to(repo)))
+        if p.returncode != 0:
+            raise RuntimeError(f"dvc push {pointer} failed: {p.stderr.strip()}")
+        pushed = True
     return {"pointer": str(pointer), "md5": md5, "pushed": pushed}
 
 
