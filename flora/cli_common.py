@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import math
 import os
 import re
 import sys
@@ -174,9 +175,21 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
+def _finite(o: Any) -> Any:
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_finite(v) for v in o]
+    return o
+
+
 def dumps(payload: Any) -> str:
-    """JSON text of a report (paths, enums, numpy values and dataclass-likes handled)."""
-    return json.dumps(payload, indent=1, default=_json_default, allow_nan=True)
+    """Strict JSON text of a report: paths, enums, numpy values and dataclass-likes are
+    converted, and NaN/inf become null (``jq`` and most parsers refuse NaN)."""
+    plain = json.loads(json.dumps(payload, default=_json_default, allow_nan=True))
+    return json.dumps(_finite(plain), indent=1, allow_nan=False)
 
 
 @dataclass
@@ -407,6 +420,11 @@ def run_app(app: typer.Typer, args: Sequence[str] | None = None, prog_name: str 
     except KeyboardInterrupt:
         say(f"{where}: interrupted")
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (``flora … --json - | head``): stop quietly.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except Exception as e:
         if debug:
             traceback.print_exc()

@@ -103,3 +103,16 @@ def test_dataset_info_json(run_flora, tiny_dataset):
     code, out, _ = run_flora("dataset-info", tiny_dataset, "--json", "-")
     assert code == EXIT_OK
     assert json.loads(out)["episodes"] == 3
+
+
+def test_report_json_is_strict():
+    """NaN metrics (an episode without reference events) are null, not bare NaN."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from flora.cli_common import dumps
+
+    text = dumps({"m": float("nan"), "x": [np.float32(0.5), float("inf")], "p": Path("/a")})
+    assert json.loads(text) == {"m": None, "x": [0.5, None], "p": "/a"}
+    assert "NaN" not in text and "Infinity" not in text
