@@ -245,6 +245,8 @@ def decode_span(cam: Any, *, dataset: str | None = None, episode: int | None = N
 
     from flora.data.video import open_video, us_to_ts
 
+    if getattr(cam, "kind", "video") == "image":
+        return _decode_image_span(cam, dataset=dataset, episode=episode)
     out = SpanDecode()
     with open_video(cam.path, dataset=dataset, episode=episode, field=cam.key) as c:
         vs = c.streams.video[0]
@@ -291,6 +293,37 @@ def decode_span(cam: Any, *, dataset: str | None = None, episode: int | None = N
         except av.error.FFmpegError as e:
             error(None, e)
     out.pts_us.sort()
+    return out
+
+
+def _decode_image_span(cam: Any, *, dataset: str | None, episode: int | None) -> SpanDecode:
+    """``decode_span`` for a ``dtype: image`` camera: decode every encoded image cell of the
+    episode (``Image.load``, no RGB conversion); an undecodable cell is counted, not raised."""
+    import io
+
+    from PIL import Image
+
+    from flora.data.frames import _image_rows  # the reader's own row selection
+
+    where = dict(dataset=dataset, episode=episode, file=cam.path, field=cam.key)
+    pts, cells = _image_rows(cam, where)
+    out = SpanDecode(pts_us=list(pts))
+    for t, cell in zip(pts, cells.to_pylist(), strict=True):
+        data = cell.get("bytes") if isinstance(cell, dict) else cell
+        try:
+            if not data:
+                raise ValueError("image cell holds no bytes")
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+                size = im.size
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+            out.errors += 1
+            if not out.first_error:
+                out.first_error = f"decode error at {t} µs ({type(e).__name__}: {e})"
+            continue
+        out.decoded += 1
+        if size != (cam.width, cam.height):
+            out.wrong_size += 1
     return out
 
 
