@@ -120,3 +120,30 @@ def test_data_error_types_exit_1(capsys, monkeypatch, exc_name):
     assert line.startswith("flora step: data error:")
     if exc_name == "FloraDataError":
         assert "episode=3" in line and "file=meta/info.json" in line and "field=fps" in line
+
+
+def test_backend_misconfigured_is_a_usage_error(capsys, monkeypatch, tiny_dataset, tmp_path):
+    from flora.cli import app
+    from flora.settings import get_settings
+
+    monkeypatch.setenv("FLORA_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("FLORA_OPENAI_BASE_URL", raising=False)
+    get_settings.cache_clear()
+    try:
+        code = run_app(app, ["segment", str(tiny_dataset), "--backend", "openai"])
+    finally:
+        get_settings.cache_clear()
+    assert code == EXIT_USAGE
+    line = _one_line(capsys.readouterr().err)
+    assert "FLORA_OPENAI_BASE_URL" in line and line.startswith("flora segment: error:")
+    assert not (tmp_path / "home" / "outputs" / "events").exists()
+
+
+def test_bare_group_prints_help_and_exits_2(capsys):
+    from flora.cli import app
+
+    assert run_app(app, ["reward"]) == EXIT_USAGE
+    got = capsys.readouterr()
+    assert got.out == "" and "Usage: flora reward" in got.err and "outcome" in got.err
+    assert run_app(app, ["--help"]) == 0
+    assert "Usage: flora" in capsys.readouterr().out
