@@ -1,11 +1,18 @@
-"""Airflow 3 DAG ``flora_policy_rtc``: prepare -> train (training-time RTC) -> evaluate.
+"""Airflow 3 DAG ``flora_policy_rtc``: prepare -> train -> evaluate -> register -> promote.
 
 Thin adapters over ``flora.policy.lerobot``: ``train_policy`` fits the DiT action expert
 with training-time RTC on a LeRobot dataset (conditioned on the engine's curated captions
 when the ``events`` table exists) and ``evaluate_policy`` scores the checkpoint offline per
 delay (postfix error, switch jerk, per-chunk latency of plain / training-time /
-inference-time sampling). All three tasks log into one MLflow run whose id travels in the
-XCom *state* dict, like ``flora_data_engine``.
+inference-time sampling). ``register`` logs the checkpoint as an MLflow model and registers
+it as ``flora-policy`` (alias ``challenger``, held-out ``postfix_mse`` as a version tag);
+``promote`` moves ``champion`` to it when it passes the gates (a refusal is a result, not a
+failure). MLflow: ``prepare`` opens the DAG run's parent run (experiment
+``flora-policy-rtc``); every task logs into its own nested child run; ``finalize`` runs
+whatever happened upstream and closes the parent FAILED when any task failed.
+
+Scheduled on the curated captions (the ``flora://curated-mixture`` Asset the data engine
+publishes) as well as triggered by hand.
 
 Params (run conf): ``dataset`` (default ``FLORA_DATASET``), ``events`` (default: the
 engine's ``captions`` or ``events`` table under ``<outputs>`` when it holds captions),
@@ -18,14 +25,15 @@ from __future__ import annotations
 from typing import Any
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Asset, Param, dag, task
 
 DAG_ID = "flora_policy_rtc"
+CURATED = Asset("flora://curated-mixture")
 
 
 @dag(
     dag_id=DAG_ID,
-    schedule=None,
+    schedule=[CURATED],
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -58,7 +66,7 @@ def flora_policy_rtc() -> None:
 
         from flora.policy.lerobot import find_caption_table
         from flora.settings import get_settings
-        from flora.tracking import airflow_run_tags, mlflow_run
+        from flora.tracking import airflow_run_tags, mlflow_run, start_pipeline_run
 
         p = params or {}
         s = get_settings()
@@ -68,8 +76,17 @@ def flora_policy_rtc() -> None:
         run_key = str(getattr(dag_run, "run_id", "") or "manual").replace(":", "_")
         tags = {"dataset": path.name, "dataset_path": str(path)}
         tags |= airflow_run_tags(DAG_ID, dag_run)
-        with mlflow_run("policy_prepare", tags=tags, run_name=f"{DAG_ID}/{path.name}") as run:
-            run_id = run.info.run_id
+        train_params = {
+            k: int(p.get(k) or d)
+            for k, d in (("epochs", 20), ("horizon", 16), ("max_delay", 5), ("hidden", 128),
+                         ("depth", 4))
+        }  # fmt: skip
+        run_id = start_pipeline_run(
+            "policy-rtc", tags=tags, params={"dataset": str(path), **train_params},
+            run_name=f"{DAG_ID}/{path.name}",
+        )  # fmt: skip
+        with mlflow_run("policy_prepare", run_id=run_id):
+            pass
         return {
             "dataset": path.name,
             "dataset_path": str(path),
@@ -77,16 +94,7 @@ def flora_policy_rtc() -> None:
             "events": str(Path(events).resolve()) if events else None,
             "policy_dir": str(outputs / "policy" / path.name / run_key),
             "mlflow_run_id": run_id,
-            "train": {
-                k: int(p.get(k) or d)
-                for k, d in (
-                    ("epochs", 20),
-                    ("horizon", 16),
-                    ("max_delay", 5),
-                    ("hidden", 128),
-                    ("depth", 4),
-                )
-            },
+            "train": train_params,
         }
 
     @task
@@ -146,7 +154,43 @@ def flora_policy_rtc() -> None:
             "latency_ratio": report["latency_ratio_training_time_over_plain"],
         }
 
-    evaluate(train(prepare()))
+    @task
+    def register(state: dict[str, Any]) -> dict[str, Any]:
+        """Log the checkpoint as an MLflow model and register it (alias challenger)."""
+        from flora.policy.registry import register_step
+
+        out = register_step(
+            state["checkpoint"],
+            state["evaluation"],
+            pipeline_run_id=state["mlflow_run_id"],
+            dataset=state["dataset_path"],
+            recipe=state["train"],
+        )
+        return {**state, **out}
+
+    @task
+    def promote(state: dict[str, Any]) -> dict[str, Any]:
+        """Promotion gates (``model_registry.promotion``); refused is a recorded outcome."""
+        from model_registry.promotion import promote as promote_version
+
+        res = promote_version("policy", state["version"], actor=f"airflow:{DAG_ID}")
+        return {**state, "promoted": res.promoted, "champion": res.champion,
+                "gate_reasons": res.decision.reasons}  # fmt: skip
+
+    @task(trigger_rule="all_done")
+    def finalize(ti: Any = None, dag_run: Any = None) -> str:
+        """Close the parent MLflow run: FAILED when any task of this DAG run failed."""
+        from flora.tracking import finish_pipeline_run
+
+        run_id = str(getattr(dag_run, "run_id", ""))
+        states = ti.get_task_states(dag_id=DAG_ID, run_ids=[run_id]).get(run_id, {})
+        states = {k: v for k, v in states.items() if k != "finalize"}
+        prepared = ti.xcom_pull(task_ids="prepare") or {}
+        if not prepared.get("mlflow_run_id"):
+            return "no parent run (prepare failed)"
+        return finish_pipeline_run(prepared["mlflow_run_id"], states)
+
+    promote(register(evaluate(train(prepare())))) >> finalize()
 
 
 dag_object = flora_policy_rtc()

@@ -97,7 +97,7 @@ DEFAULT_POLICIES: dict[str, GatePolicy] = {
         )
     ),
     POLICY_NAME: GatePolicy(
-        (MetricGate("val_loss", higher_is_better=False),),
+        (MetricGate("postfix_mse", higher_is_better=False),),
         min_parse_rate=None,
         require_suites=False,
     ),

@@ -1,0 +1,162 @@
+"""The policy checkpoint as an MLflow model, registered as ``flora-policy``.
+
+``train_policy`` writes ``policy.pt`` (model, optimiser, normalisation, train config);
+:func:`log_policy_model` logs it as an MLflow **pyfunc** model (the checkpoint is the
+model's artifact, not a loose file) whose ``predict`` returns action chunks through
+:func:`flora.policy.lerobot.load_policy`, and :func:`register_policy` registers that model
+with lineage and held-out metrics as version tags and the ``challenger`` alias, ready for
+the promotion gates (``model_registry.promotion``, gate ``postfix_mse``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+NAME = "flora-policy"
+ARTIFACT = "policy_model"
+CHECKPOINT_KEY = "checkpoint"
+
+
+def _signature():
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    inputs = Schema(
+        [
+            ColSpec("string", "state"),  # JSON list of floats (dataset units)
+            ColSpec("string", "text"),  # task or caption
+            ColSpec("string", "prefix", required=False),  # JSON (d, A) committed actions
+            ColSpec("long", "d", required=False),
+        ]
+    )
+    return ModelSignature(inputs=inputs, outputs=Schema([ColSpec("string", "chunk")]))
+
+
+def _pyfunc_class():
+    import mlflow.pyfunc
+
+    class FloraPolicy(mlflow.pyfunc.PythonModel):
+        """Training-time-RTC sampling of the DiT action expert from the logged checkpoint."""
+
+        def load_context(self, context) -> None:  # noqa: ANN001 - MLflow's signature
+            from flora.policy.lerobot import load_policy
+
+            self.policy = load_policy(context.artifacts[CHECKPOINT_KEY])
+
+        def predict(self, context, model_input, params=None):  # noqa: ANN001
+            import numpy as np
+            import pandas as pd
+
+            steps = int(self.policy.extra.get("train_config", {}).get("denoise_steps", 5))
+            out = []
+            for r in model_input.to_dict("records"):
+                prefix = json.loads(r["prefix"]) if r.get("prefix") else None
+                d = int(r.get("d") or 0)
+                chunk = self.policy.chunk(
+                    np.asarray(json.loads(r["state"]), dtype=np.float32),
+                    str(r["text"]),
+                    prefix=None if prefix is None else np.asarray(prefix, dtype=np.float32),
+                    d=d,
+                    steps=steps,
+                )
+                out.append(json.dumps(np.asarray(chunk).tolist()))
+            return pd.DataFrame({"chunk": out})
+
+    return FloraPolicy
+
+
+def log_policy_model(checkpoint: str | Path) -> str:
+    """Log ``policy.pt`` as an MLflow model into the active run; returns its model URI."""
+    import mlflow
+
+    from flora.policy.lerobot import load_policy
+
+    load_policy(checkpoint)  # refuse anything that is not a complete Flora policy checkpoint
+    info = mlflow.pyfunc.log_model(
+        name=ARTIFACT,
+        python_model=_pyfunc_class()(),
+        artifacts={CHECKPOINT_KEY: str(Path(checkpoint).resolve())},
+        signature=_signature(),
+        metadata={"flora_model": "policy", "kind": "flora.policy.dit"},
+    )
+    return info.model_uri
+
+
+def policy_metrics(evaluation: Mapping[str, Any]) -> dict[str, float]:
+    """Held-out figures of ``evaluate_policy``'s report that the gates read.
+
+    ``postfix_mse``: training-time RTC's postfix error averaged over the evaluated delays;
+    ``latency_ratio``: training-time over plain sampling latency.
+    """
+    rows = [r for r in evaluation.get("rows", []) if r.get("method") == "training_time"]
+    vals = [float(r["postfix_mse"]) for r in rows if math.isfinite(float(r["postfix_mse"]))]
+    out = {"postfix_mse": float(sum(vals) / len(vals))} if vals else {}
+    ratio = evaluation.get("latency_ratio_training_time_over_plain")
+    if ratio is not None and math.isfinite(float(ratio)):
+        out["latency_ratio"] = float(ratio)
+    return out
+
+
+def register_policy(
+    model_uri: str,
+    run_id: str,
+    metrics: Mapping[str, float],
+    *,
+    tags: Mapping[str, Any] | None = None,
+) -> str:
+    """Register the policy model at ``model_uri`` (logged by training run ``run_id``).
+
+    Held-out ``metrics`` become ``eval.*`` version tags, ``tags`` the lineage; the
+    version gets the ``challenger`` alias. Returns the version.
+    """
+    import mlflow
+    from mlflow import MlflowClient
+
+    from flora.tracking import configure
+
+    configure()
+    client = MlflowClient()
+    all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+    all_tags["flora.training_run_id"] = run_id
+    all_tags |= {f"eval.{k}": repr(float(v)) for k, v in metrics.items()}
+    mv = mlflow.register_model(model_uri, NAME, tags=all_tags)
+    client.set_registered_model_alias(NAME, "challenger", mv.version)
+    return str(mv.version)
+
+
+def register_step(
+    checkpoint: str | Path,
+    evaluation: str | Path,
+    *,
+    pipeline_run_id: str,
+    dataset: str,
+    recipe: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Pipeline step (Airflow task and KFP component): log, then register with lineage.
+
+    Logs the checkpoint as an MLflow model in a child run of ``pipeline_run_id``, reads the
+    held-out figures from ``evaluation`` (``evaluate_policy``'s JSON) and registers the
+    model as ``flora-policy`` (alias ``challenger``). Returns model URI, version, metrics.
+    """
+    from flora.tracking import git_commit, mlflow_run
+
+    metrics = policy_metrics(json.loads(Path(evaluation).read_text()))
+    with mlflow_run("policy_register", run_id=pipeline_run_id) as run:
+        uri = log_policy_model(checkpoint)
+        child = run.info.run_id
+    lineage = {
+        "flora.git_commit": git_commit(),
+        "flora.dataset": dataset,
+        "flora.recipe": json.dumps(dict(recipe), sort_keys=True),
+        "flora.base": "random-init DiT action expert",
+        "flora.pipeline_run_id": pipeline_run_id,
+    }
+    version = register_policy(uri, child, metrics, tags=lineage)
+    return {"model_uri": uri, "version": version, "metrics": metrics}
+
+
+__all__ = ["NAME", "log_policy_model", "policy_metrics", "register_policy", "register_step"]
