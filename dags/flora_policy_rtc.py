@@ -28,7 +28,8 @@ import pendulum
 from airflow.sdk import Asset, Param, dag, task
 
 DAG_ID = "flora_policy_rtc"
-CURATED = Asset("flora://curated-mixture")
+# The same Asset flora_data_engine publishes after curation (name and URI must match).
+CURATED = Asset(name="flora_curated_mixture", uri="flora://curated-mixture")
 
 
 @dag(
