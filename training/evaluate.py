@@ -430,14 +430,10 @@ def log_eval(
     also set as ``eval.*`` tags of that registry version (DESIGN §3.9).
     """
     import mlflow
-    from mlflow.tracking import MlflowClient
 
     from flora.tracking import mlflow_run
 
-    flat = {metric_key(k): float(v) for k, v in res.metrics.items() if math.isfinite(v)}
-    for k, (lo, hi) in res.intervals.items():
-        flat[metric_key(k) + ".ci_low"] = lo
-        flat[metric_key(k) + ".ci_high"] = hi
+    flat = flat_metrics(res)
     t = {"flora.model": res.model, **{str(k): str(v) for k, v in (tags or {}).items()}}
     with mlflow_run(f"eval_{res.model}", tags=t, experiment=f"flora-train-{res.model}",
                     run_id=run_id) as run:  # fmt: skip
@@ -450,17 +446,61 @@ def log_eval(
         mlflow.log_table(items, artifact_file=f"eval/{res.model}_items.json")
         rid = run.info.run_id
     if registered_version is not None:
-        client = MlflowClient()
-        for k, v in flat.items():
-            client.set_model_version_tag(f"flora-{res.model}", str(registered_version), k, v)
-        client.set_model_version_tag(
-            f"flora-{res.model}", str(registered_version), "eval.run_id", rid
-        )
+        tag_version(res.model, registered_version, flat, rid)
     return rid
+
+
+def flat_metrics(res: ModelEval) -> dict[str, float]:
+    """``eval.*`` metric keys with their interval bounds (what is logged and tagged)."""
+    flat = {metric_key(k): float(v) for k, v in res.metrics.items() if math.isfinite(v)}
+    for k, (lo, hi) in res.intervals.items():
+        flat[metric_key(k) + ".ci_low"] = lo
+        flat[metric_key(k) + ".ci_high"] = hi
+    return flat
+
+
+def tag_version(model: str, version: int | str, flat: dict[str, float], eval_run_id: str) -> None:
+    """Set the eval metrics as tags of registered ``flora-<model>`` ``version`` (DESIGN §3.9)."""
+    from mlflow.tracking import MlflowClient
+
+    from flora.tracking import configure
+
+    configure()
+    client = MlflowClient()
+    name = f"flora-{model}"
+    for k, v in flat.items():
+        client.set_model_version_tag(name, str(version), k, f"{v:.6g}")
+    client.set_model_version_tag(name, str(version), "eval.run_id", eval_run_id)
+
+
+def logged_model_uri(run_id: str) -> str:
+    """URI of the Flora model a training run logged (:func:`log_flora_model`), the newest."""
+    import mlflow
+
+    from flora.tracking import configure
+
+    configure()
+    run = mlflow.get_run(run_id)
+    found = mlflow.search_logged_models(
+        experiment_ids=[run.info.experiment_id],
+        filter_string=f"source_run_id = '{run_id}'",
+        order_by=[{"field_name": "creation_time", "ascending": False}],
+        output_format="list",
+    )
+    if not found:
+        raise ValueError(f"run {run_id} logged no model")
+    return found[0].model_uri
+
+
+HEADLINE = {"segmenter": "r_seg", "captioner": "r_cap", "rewarder": "outcome.mae"}
 
 
 __all__ = [
     "EVAL_MODELS",
+    "HEADLINE",
+    "flat_metrics",
+    "logged_model_uri",
+    "tag_version",
     "ModelEval",
     "backend_for",
     "bootstrap_ci",

@@ -615,6 +615,7 @@ class GRPOResult:
     steps: int
     history: list[dict[str, float]]
     run_id: str | None = None
+    model_uri: str | None = None
     registered_version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -895,10 +896,10 @@ class _GRPOLog:
         from model_registry.register import log_flora_model, register_model
 
         try:
-            log_flora_model(result.model_dir)
+            result.model_uri = log_flora_model(result.model_dir)
             if register:
                 result.registered_version = register_model(
-                    self.recipe.model, self.run_id, tags={"flora.stage": "grpo"}
+                    self.recipe.model, result.model_uri, self.run_id, tags={"flora.stage": "grpo"}
                 )
         except BaseException:
             self.fail()
