@@ -327,7 +327,8 @@ class _LeRobotBase(Dataset):
         self.chunks_size = int(info.get("chunks_size", 1000))
         # Templates are checked once here (dummy values), so a bad one is a dataset error.
         for key, names in (("data_path", self.DATA_FIELDS), ("video_path", self.VIDEO_FIELDS)):
-            if key in info:
+            # LeRobot writes "video_path": null when every camera is an image feature.
+            if key in info and not (key == "video_path" and info[key] is None):
                 meta_path(
                     root,
                     info[key],

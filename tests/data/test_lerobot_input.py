@@ -162,6 +162,21 @@ def test_image_dtype_camera_is_read_not_dropped(libero_style, wrist_frames):
     assert set(res.manifest.cameras) == {f"{TOP},{WRIST}"}
 
 
+def test_image_only_dataset_with_null_video_path(libero_style, wrist_frames):
+    """LeRobot writes ``"video_path": null`` when no camera is a video."""
+    info_p = libero_style / "meta/info.json"
+    info = json.loads(info_p.read_text())
+    del info["features"][TOP]
+    info["video_path"] = None
+    info_p.write_text(json.dumps(info))
+    ds = open_dataset(libero_style)
+    assert ds.camera_keys == [WRIST]
+    ep = ds.episode(0)
+    assert list(ep.cameras) == [WRIST]
+    f = sample_episode_frames(ep, WRIST, [5_000_000])[0]
+    np.testing.assert_array_equal(f.image, wrist_frames[0][100])
+
+
 def test_image_cell_without_bytes_is_a_clear_error(libero_style):
     p = libero_style / "data/chunk-000/file-000.parquet"
     t = pq.read_table(p)
