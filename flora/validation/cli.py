@@ -35,6 +35,7 @@ from flora.cli_common import (
     one_line,
     report_output,
 )
+from flora.data.cli import RevisionOpt, _dataset_arg
 
 SEVERITY = "error"  # every failed check blocks the data (no warning-level checks yet)
 
@@ -190,9 +191,12 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
     @app.command("validate")
     def validate_cmd(
-        dataset: Path = typer.Argument(
-            ..., exists=True, help="Dataset root (LeRobot v3.0/v2.1, mp4 folder)."
+        dataset: str = typer.Argument(
+            ...,
+            callback=_dataset_arg,
+            help="Dataset root (LeRobot v3.0/v2.1, mp4 folder) or Hub id org/name[@revision].",
         ),
+        revision: str | None = RevisionOpt,
         json_out: JsonOpt = None,
         strict: StrictOpt = False,
         lines: bool | None = LinesOpt,
@@ -210,7 +214,9 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
         with report_output(json_out) as rep:
             out = sys.stdout  # stderr under --json -
-            report = validate_dataset(dataset, progress=not quiet and out.isatty())
+            report = validate_dataset(
+                dataset, progress=not quiet and out.isatty(), revision=revision
+            )
             if _use_lines(out, lines):
                 for line in dataset_problem_lines(report):
                     print(line, file=out)

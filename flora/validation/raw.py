@@ -548,21 +548,26 @@ def _issues_from(
     return out
 
 
-def validate_dataset(path: str | Path, *, progress: bool = True) -> DatasetReport:
+def validate_dataset(
+    path: str | Path, *, progress: bool = True, revision: str | None = None
+) -> DatasetReport:
     """Validate every episode of the dataset at ``path``; never stops at a bad episode.
 
-    Returns a report whose ``issues`` name dataset, episode, file and field and whose
-    ``valid_episodes`` are the episodes downstream steps may use.
+    ``path`` is a local folder or a Hub id ``org/name[@revision]`` (resolved by
+    ``open_dataset`` into the Hugging Face cache; ``revision`` as there). Returns a report
+    whose ``issues`` name dataset, episode, file and field and whose ``valid_episodes``
+    are the episodes downstream steps may use.
     """
     from flora.data import open_dataset
 
     root = Path(path)
     try:
-        ds = open_dataset(root)
+        ds = open_dataset(path, revision=revision)
     except FloraDataError as e:
         name = e.dataset or root.name
         issue = EpisodeIssue(name, None, e.file or str(root), e.field, "load", e.reason)
         return DatasetReport(name, str(root), "unknown", [], [issue])
+    root = Path(ds.root)
 
     report = DatasetReport(ds.name, str(root), ds.format, list(ds.episode_indices()))
     declared = list(ds.camera_keys)

@@ -118,3 +118,23 @@ def test_validate_table_lines_and_exit_status(tmp_path):
     assert strict.exit_code == 1
     unknown = CliRunner().invoke(_cli(), ["validate-table", "nope", str(path)])
     assert unknown.exit_code == 2
+
+
+def test_validate_a_hub_dataset_from_the_cache(tiny_dataset, tmp_path, monkeypatch):
+    """A Hub id resolves into the HF cache, whose files are symlinks to blobs outside the
+    snapshot: the metadata path checks are lexical, so the cache layout validates."""
+    from tests.data.test_lerobot_input import SHA, _hf_cache
+
+    cache = tmp_path / "hf_cache"
+    snap = _hf_cache(cache, tiny_dataset, "lerobot/toy_tiny", {"main": SHA})
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    res = CliRunner().invoke(
+        _cli(), ["validate", "lerobot/toy_tiny", "--revision", "main", "-q", "--json", "-"]
+    )
+    assert res.exit_code == 0, res.output
+    saved = json.loads(res.stdout)
+    assert saved["dataset"] == "toy_tiny" and saved["path"] == str(snap)
+    assert saved["valid_episodes"] == [0, 1, 2]
+    missing = CliRunner().invoke(_cli(), ["validate", "./no/such folder!"])
+    assert missing.exit_code == 2
