@@ -1,22 +1,34 @@
 # syntax=docker/dockerfile:1.7
-# Flora images. Two targets, same code, same pinned stack (requirements.lock):
-#   docker build --target cpu  -t ghcr.io/flora-robotics/flora:cpu  .   # local use, KFP/Airflow CPU steps
-#   docker build --target cuda -t ghcr.io/flora-robotics/flora:cuda .   # GPU workers and inference pods
-# The lock pins torch==2.13.0+cpu; the cuda target swaps that one line for the CUDA wheel
-# (see docs/dependencies.md). Configuration is FLORA_* env at run time, never baked in.
+# Flora images: one Dockerfile, two runtime targets, same code, same pinned stack
+# (requirements.lock). docs/deployment.md has the build, pin and push commands.
+#
+#   docker build --target cpu  -t $REGISTRY/flora:$TAG-cpu  .   # Airflow / KFP / CI, CPU
+#   docker build --target cuda -t $REGISTRY/flora:$TAG-cuda .   # GPU workers
+#
+# Multi-stage: wheels are built and installed into a virtualenv in a builder stage (which
+# has compilers); the runtime stages copy only that virtualenv, so they carry no gcc,
+# build-essential or -dev headers. Both runtime stages run as the non-root user `flora`
+# (uid 1000). Configuration and secrets are FLORA_* env / mounted files at run time
+# (Kubernetes Secrets by reference, see infra/): nothing secret is baked in.
+#
+# Base images are pinned by digest through these build args. The defaults carry a
+# placeholder digest (all zeros) so that an unpinned build fails instead of silently
+# taking whatever the tag points at today. Pin them with the digest of the tag you have
+# vetted, e.g.
+#   docker buildx imagetools inspect nvidia/cuda:12.8.1-runtime-ubuntu22.04 \
+#     --format '{{json .Manifest.Digest}}'
+# and pass --build-arg CUDA_BASE=nvidia/cuda:12.8.1-runtime-ubuntu22.04@sha256:<digest>
+# (CI keeps the vetted digests in one place: docs/deployment.md).
+ARG CPU_BASE=python:3.11-slim-bookworm@sha256:0000000000000000000000000000000000000000000000000000000000000000
+ARG CUDA_BASE=nvidia/cuda:12.8.1-runtime-ubuntu22.04@sha256:0000000000000000000000000000000000000000000000000000000000000000
+ARG CUDA_BUILD_BASE=nvidia/cuda:12.8.1-devel-ubuntu22.04@sha256:0000000000000000000000000000000000000000000000000000000000000000
 
-# torch's CUDA wheels bring their own CUDA/cuDNN libraries; the base image only supplies
-# the NVIDIA container runtime hooks, so the small "base" flavour is enough.
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-base-ubuntu22.04
-ARG CPU_IMAGE=python:3.11-slim-bookworm
-
-# --------------------------------------------------------------------------- cpu
-FROM ${CPU_IMAGE} AS cpu
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 GX_ANALYTICS_ENABLED=false \
+# ------------------------------------------------------------------ cpu-builder
+FROM ${CPU_BASE} AS cpu-builder
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/flora/venv PATH=/opt/flora/venv/bin:$PATH
-# git: DVC and MLflow record commits; PyAV bundles FFmpeg, so no codec packages.
-RUN apt-get update && apt-get install -y --no-install-recommends git ca-certificates \
+# Compilers only here: the few sdists in the lock build their wheels in this stage.
+RUN apt-get update && apt-get install -y --no-install-recommends build-essential git \
     && rm -rf /var/lib/apt/lists/*
 RUN python -m venv $VIRTUAL_ENV && pip install --upgrade pip
 WORKDIR /opt/flora/src
@@ -27,23 +39,34 @@ COPY flora ./flora
 COPY training ./training
 COPY components ./components
 COPY model_registry ./model_registry
-# DAG files for an Airflow image built FROM this one (AIRFLOW__CORE__DAGS_FOLDER).
 COPY dags ./dags
+# Not editable: the package is copied into the venv, which is all the runtime takes.
 RUN pip install --no-deps . && python -c "import flora, components, kfp, airflow"
-RUN useradd --create-home --uid 1000 flora && mkdir -p /data && chown flora /data
-USER flora
-ENV FLORA_HOME=/home/flora/.flora
-ENTRYPOINT ["flora"]
-CMD ["--help"]
 
-# --------------------------------------------------------------------------- cuda
-FROM ${CUDA_IMAGE} AS cuda
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 GX_ANALYTICS_ENABLED=false DEBIAN_FRONTEND=noninteractive \
+# ------------------------------------------------------------------ cpu (runtime)
+FROM ${CPU_BASE} AS cpu
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 GX_ANALYTICS_ENABLED=false \
     VIRTUAL_ENV=/opt/flora/venv PATH=/opt/flora/venv/bin:$PATH \
-    FLORA_DEVICE=cuda
-# Python 3.11 from deadsnakes (jammy itself only has an early 3.11.0 in universe);
-# build-essential for the few sdists in the lock (DeepSpeed builds no ops at install).
+    AIRFLOW__CORE__DAGS_FOLDER=/opt/flora/dags AIRFLOW__CORE__LOAD_EXAMPLES=False
+# git: DVC and MLflow record commits. PyAV bundles FFmpeg, so no codec packages.
+RUN apt-get update && apt-get install -y --no-install-recommends git ca-certificates tini \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 flora && mkdir -p /data && chown flora /data
+COPY --from=cpu-builder /opt/flora/venv /opt/flora/venv
+COPY dags /opt/flora/dags
+COPY --chmod=0755 tools/docker-entrypoint.sh /usr/local/bin/flora-entrypoint
+USER 1000:1000
+ENV FLORA_HOME=/home/flora/.flora HOME=/home/flora
+WORKDIR /home/flora
+ENTRYPOINT ["tini", "--", "flora-entrypoint"]
+CMD ["flora", "--help"]
+
+# ------------------------------------------------------------------ cuda-builder
+FROM ${CUDA_BUILD_BASE} AS cuda-builder
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive \
+    VIRTUAL_ENV=/opt/flora/venv PATH=/opt/flora/venv/bin:$PATH
+# Python 3.11 from deadsnakes (jammy itself only has an early 3.11.0 in universe); the
+# runtime stage installs the same interpreter (the venv links to /usr/bin/python3.11).
 RUN apt-get update && apt-get install -y --no-install-recommends software-properties-common gpg-agent \
     && add-apt-repository -y ppa:deadsnakes/ppa && apt-get update \
     && apt-get install -y --no-install-recommends \
@@ -63,8 +86,26 @@ COPY components ./components
 COPY model_registry ./model_registry
 COPY dags ./dags
 RUN pip install --no-deps . && python -c "import flora, components"
-RUN useradd --create-home --uid 1000 flora && mkdir -p /data && chown flora /data
-USER flora
-ENV FLORA_HOME=/home/flora/.flora
-ENTRYPOINT ["flora"]
-CMD ["--help"]
+
+# ------------------------------------------------------------------ cuda (runtime)
+FROM ${CUDA_BASE} AS cuda
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 GX_ANALYTICS_ENABLED=false \
+    DEBIAN_FRONTEND=noninteractive \
+    VIRTUAL_ENV=/opt/flora/venv PATH=/opt/flora/venv/bin:$PATH \
+    AIRFLOW__CORE__DAGS_FOLDER=/opt/flora/dags AIRFLOW__CORE__LOAD_EXAMPLES=False \
+    FLORA_DEVICE=cuda
+# The interpreter only (no -dev headers, no compilers); the add-apt tooling is removed again.
+RUN apt-get update && apt-get install -y --no-install-recommends software-properties-common gpg-agent \
+    && add-apt-repository -y ppa:deadsnakes/ppa && apt-get update \
+    && apt-get install -y --no-install-recommends python3.11 python3.11-venv git ca-certificates tini \
+    && apt-get purge -y --auto-remove software-properties-common gpg-agent \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 flora && mkdir -p /data && chown flora /data
+COPY --from=cuda-builder /opt/flora/venv /opt/flora/venv
+COPY dags /opt/flora/dags
+COPY --chmod=0755 tools/docker-entrypoint.sh /usr/local/bin/flora-entrypoint
+USER 1000:1000
+ENV FLORA_HOME=/home/flora/.flora HOME=/home/flora
+WORKDIR /home/flora
+ENTRYPOINT ["tini", "--", "flora-entrypoint"]
+CMD ["flora", "--help"]
