@@ -1,0 +1,446 @@
+"""Do the three ``small`` Flora models learn the toy world?  (not a timed test)
+
+For each model — segmenter, captioner, rewarder — on held-out toy-world episodes (split by
+episode hash): the untrained ``small`` model, SFT, and SFT+GRPO (segmenter and captioner;
+no RL for the rewarder), beside simple baselines scored by the *same* code
+(:func:`training.evaluate.score_outputs`):
+
+* segmenter: the kinematic baseline (:mod:`flora.segment.kinematic`, per window) and
+  "one event per core" (one segment spanning each window's core);
+* captioner: the most frequent training caption of the episode's task;
+* rewarder: the training-set mean outcome score and the majority dense label.
+
+Metrics with 95 % intervals from a bootstrap over held-out episodes. GRPO is also judged
+on its own prompts: the mean sampled reward (G completions at temperature 1) of the SFT
+and the GRPO model on the same training prompts.
+
+Results (JSON per stage, resumable) go under ``--work``; the markdown table is printed and,
+with ``--write-docs``, appended to ``docs/benchmarks.md`` with a plot in
+``docs/img/learning.png``. ``--quick`` shortens every schedule (minutes on 2 CPU cores).
+
+    OMP_NUM_THREADS=1 python benchmarks/learning.py --quick --write-docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("segmenter", "captioner", "rewarder")
+HEAD = {
+    "segmenter": ["parse_rate", "r_seg", "f1@0.5", "f1@0.75", "precision@0.5", "B"],
+    "captioner": ["parse_rate", "r_cap", "coverage", "r_cap_judged"],
+    "rewarder": ["parse_rate", "outcome.mae", "dense.accuracy", "dense.failure_recall",
+                 "rubric.l1"],
+}  # fmt: skip
+LOWER_IS_BETTER = {"outcome.mae", "rubric.l1"}
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _cached(path: Path, fn) -> Any:
+    if path.is_file():
+        return json.loads(path.read_text())
+    val = fn()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(val, indent=2, default=str))
+    return val
+
+
+def _row(res) -> dict[str, Any]:
+    return {"metrics": res.metrics, "intervals": {k: list(v) for k, v in res.intervals.items()}}
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def _episode_tasks(dataset: Path) -> dict[str, str]:
+    from flora.data.dataset import open_dataset
+
+    ds = open_dataset(dataset)
+    return {ds.episode(i).episode_id: ds.episode(i).task for i in ds.episode_indices()}
+
+
+def segmenter_baselines(dataset: Path, held: list) -> dict[str, pd.DataFrame]:
+    """Kinematic baseline and one-event-per-core output tables for the held-out windows."""
+    from flora.data.dataset import open_dataset
+    from flora.segment.grammar import render_segments
+    from flora.segment.kinematic import episode_kinematics, kinematic_window_segments
+    from flora.segment.plan import LocalSegment, Window
+
+    ds = open_dataset(dataset)
+    eps = {ds.episode(i).episode_id: ds.episode(i) for i in ds.episode_indices()}
+    kins: dict[str, Any] = {}
+    kin_rows, core_rows = [], []
+    for ex in held:
+        ref = ex.reference_obj()
+        s, e, cs, ce = ref["window"]
+        w = Window(s, e, cs, ce, profile=ref["profile"], shifted=ref["pass"] == "shifted")
+        ep = eps[ex.episode_id]
+        kin = kins.setdefault(ex.episode_id, episode_kinematics(ep))
+        segs = kinematic_window_segments(ep, w, kin=kin)
+        kin_rows.append({"example_id": ex.example_id, "text": render_segments(segs)})
+        tick = 50_000
+        core = LocalSegment((cs - s) // tick, -(-(ce - s) // tick), False, False)
+        core_rows.append({"example_id": ex.example_id, "text": render_segments([core])})
+    return {"kinematic": pd.DataFrame(kin_rows), "one event per core": pd.DataFrame(core_rows)}
+
+
+def captioner_baseline(dataset: Path, train: list, held: list) -> dict[str, pd.DataFrame]:
+    """Most frequent training caption of the episode's task."""
+    from flora.caption.grammar import render_caption
+
+    tasks = _episode_tasks(dataset)
+    by_task: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    overall: collections.Counter = collections.Counter()
+    for ex in train:
+        cap = ex.reference_obj()["caption"]
+        by_task[tasks[ex.episode_id]][cap] += 1
+        overall[cap] += 1
+    rows = []
+    for ex in held:
+        c = by_task.get(tasks[ex.episode_id]) or overall
+        rows.append({"example_id": ex.example_id, "text": render_caption(c.most_common(1)[0][0])})
+    return {"most frequent caption of the task": pd.DataFrame(rows)}
+
+
+def rewarder_baseline(train: list, held: list) -> dict[str, pd.DataFrame]:
+    """Training-set mean outcome score; majority dense label (rubric: no baseline)."""
+    from flora.reward.dense import render_dense
+
+    scores = [ex.reference_obj()["score"] for ex in train if ex.task_kind == "outcome"]
+    mean = sum(scores) / len(scores)
+    labels = collections.Counter(
+        int(r["labels"][g - 1])
+        for ex in train
+        if ex.task_kind == "dense"
+        for r in [ex.reference_obj()]
+        for g in r["groups"]
+    )
+    maj = labels.most_common(1)[0][0]
+    dense = render_dense([maj] * 32, ["" if maj == 3 else "majority label"] * 32)
+    rows = []
+    for ex in held:
+        if ex.task_kind == "outcome":
+            rows.append({"example_id": ex.example_id, "text": f"score: {round(mean)}",
+                         "expected_score": mean})  # fmt: skip
+        elif ex.task_kind == "dense":
+            rows.append({"example_id": ex.example_id, "text": dense, "expected_score": math.nan})
+    return {"train mean score / majority dense label": pd.DataFrame(rows)}
+
+
+# --------------------------------------------------------------------------- GRPO on its prompts
+
+
+def sampled_reward(model_dir: Path, prompts: list, group_size: int, judge: Any) -> float:
+    """Mean reward of ``group_size`` temperature-1 samples per prompt (its own prompts)."""
+    from training.evaluate import backend_for
+    from training.grpo import generate_groups, score_completions
+
+    backend = backend_for(model_dir)
+    backend.seed = 1234
+    groups = generate_groups(backend, prompts, group_size, 1.0, prompts[0].request.max_new_tokens)
+    vals = []
+    for p, resps in zip(prompts, groups, strict=True):
+        for r in score_completions(p, [x.text for x in resps], judge):
+            if not math.isnan(r.value):
+                vals.append(r.value)
+    return sum(vals) / len(vals)
+
+
+# --------------------------------------------------------------------------- one model
+
+
+def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -> dict[str, Any]:
+    from training.evaluate import backend_for, generate_outputs, heldout_examples, score_outputs
+    from training.grpo import prompts_from_examples, train_grpo
+    from training.recipe import load_recipe
+    from training.rewards import make_judge
+    from training.sets import build_sft_set, load_set
+    from training.sft import train_sft
+    from training.sizes import resolve_base
+
+    wd = work / model
+    recipe = load_recipe(f"{model}-small")
+    set_dir = wd / "set"
+    if not (set_dir / "examples.parquet").is_file():
+        _log(f"{model}: building the set")
+        s = recipe.sets
+        profiles = ("standard",) if args.quick else s.profiles
+        build_sft_set(model, dataset, set_dir, split_fraction=args.split, profiles=profiles,
+                      shifted=s.shifted, outcome_frames=s.outcome_frames,
+                      rubric_frames=s.rubric_frames, rubric_thinking=s.rubric_thinking,
+                      progress=False)  # fmt: skip
+    train = [e for e in load_set(set_dir, split="train") if e.model == model]
+    held = heldout_examples(model, set_dir, limit=args.eval_episodes)
+    judge = make_judge("embedding") if model == "captioner" else None
+    n_boot = args.bootstrap
+    res: dict[str, Any] = {"model": model, "train_examples": len(train),
+                           "heldout_examples": len(held),
+                           "heldout_episodes": len({e.episode_id for e in held}),
+                           "variants": {}}  # fmt: skip
+
+    def ev(name: str, outputs_fn) -> None:
+        def go() -> dict[str, Any]:
+            t0 = time.perf_counter()
+            out = outputs_fn()
+            r = score_outputs(model, held, out, judge=judge, n_boot=n_boot)
+            return {**_row(r), "seconds": time.perf_counter() - t0}
+
+        _log(f"{model}: evaluating {name}")
+        res["variants"][name] = _cached(
+            wd / f"eval_{name.replace(' ', '_').replace('/', '_')}.json", go
+        )
+
+    # baselines
+    if model == "segmenter":
+        for name, tab in segmenter_baselines(dataset, held).items():
+            ev(name, lambda tab=tab: tab)
+    elif model == "captioner":
+        for name, tab in captioner_baseline(dataset, train, held).items():
+            ev(name, lambda tab=tab: tab)
+    else:
+        for name, tab in rewarder_baseline(train, held).items():
+            ev(name, lambda tab=tab: tab)
+
+    # untrained
+    base = resolve_base("small", seed=recipe.base_seed)
+
+    def untrained():
+        from flora.backends.transformers_backend import TransformersBackend
+
+        b = TransformersBackend(base, device="cpu", batch_size=8, vision_input="images")
+        return generate_outputs(b, held)
+
+    ev("untrained", untrained)
+
+    # SFT
+    sft_dir = wd / "sft"
+    steps = args.sft_steps
+    if model == "segmenter" and args.segmenter_sft_steps:
+        steps = args.segmenter_sft_steps
+    if not (sft_dir / "model" / "flora_model.json").is_file():
+        _log(f"{model}: SFT ({steps or recipe.max_steps} steps)")
+        t0 = time.perf_counter()
+        r = train_sft(recipe, set_dir, sft_dir, max_steps=steps or None,
+                      log_mlflow=False, progress=True)  # fmt: skip
+        res["sft"] = {"steps": r.steps, "last_loss": r.last_loss,
+                      "best_eval_loss": r.best_eval_loss,
+                      "seconds": time.perf_counter() - t0}  # fmt: skip
+        (wd / "sft_summary.json").write_text(json.dumps(res["sft"], indent=2))
+    elif (wd / "sft_summary.json").is_file():
+        res["sft"] = json.loads((wd / "sft_summary.json").read_text())
+    ev("SFT", lambda: generate_outputs(backend_for(sft_dir / "model"), held))
+
+    # GRPO
+    if model in ("segmenter", "captioner") and args.grpo_steps > 0:
+        gdir = wd / "grpo"
+        prompts = prompts_from_examples(train)
+        import random
+
+        probe = random.Random(0).sample(prompts, min(args.probe_prompts, len(prompts)))
+        g = recipe.grpo.group_size if recipe.grpo else 8
+        if not (gdir / "model" / "flora_model.json").is_file():
+            _log(f"{model}: GRPO ({args.grpo_steps} steps)")
+            t0 = time.perf_counter()
+            r = train_grpo(recipe, sft_dir / "model", set_dir, gdir, judge=judge,
+                           max_steps=args.grpo_steps, log_mlflow=False,
+                           progress=True)  # fmt: skip
+            (wd / "grpo_summary.json").write_text(json.dumps(
+                {"history": r.history, "seconds": time.perf_counter() - t0}, indent=2))  # fmt: skip
+        res["grpo"] = json.loads((wd / "grpo_summary.json").read_text())
+        res["own_prompts"] = _cached(wd / "own_prompts.json", lambda: {
+            "prompts": len(probe), "group_size": g,
+            "SFT": sampled_reward(sft_dir / "model", probe, g, judge),
+            "SFT+GRPO": sampled_reward(gdir / "model", probe, g, judge),
+        })  # fmt: skip
+        ev("SFT+GRPO", lambda: generate_outputs(backend_for(gdir / "model"), held))
+    return res
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt(v: float | None, ci: list | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    s = f"{v:.3f}"
+    return f"{s} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else s
+
+
+def markdown(results: list[dict[str, Any]], args: argparse.Namespace, seconds: float) -> str:
+    lines = [
+        "## Learning: untrained vs SFT vs SFT+GRPO, small models "
+        f"({'quick' if args.quick else 'full'})",
+        "",
+        f"`python benchmarks/learning.py{' --quick' if args.quick else ''}` — measured "
+        f"{time.strftime('%Y-%m-%d')} on 2 shared CPU cores (torch {torch.__version__}, one "
+        f"thread, {platform.machine()}); toy world of {args.episodes} episodes (seed "
+        f"{args.seed}), held-out share {args.split} by episode hash; 95 % intervals from a "
+        f"bootstrap over held-out episodes ({args.bootstrap} resamples). SFT steps: "
+        f"{args.sft_steps or 'recipe'}"
+        + (f" (segmenter {args.segmenter_sft_steps})" if args.segmenter_sft_steps else "")
+        + f"; GRPO steps: {args.grpo_steps}. Wall time "
+        f"{seconds / 60:.0f} min.",
+        "",
+    ]
+    for res in results:
+        m = res["model"]
+        cols = HEAD[m]
+        lines += [f"### {m} — {res['heldout_examples']} held-out items from "
+                  f"{res['heldout_episodes']} episodes ({res['train_examples']} train)", "",
+                  "| variant | " + " | ".join(cols) + " |",
+                  "| --- |" + " --- |" * len(cols)]  # fmt: skip
+        for name, v in res["variants"].items():
+            cells = [_fmt(v["metrics"].get(c), v["intervals"].get(c)) for c in cols]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        if "own_prompts" in res:
+            o = res["own_prompts"]
+            lines += ["", f"GRPO on its own prompts ({o['prompts']} training prompts, "
+                      f"{o['group_size']} samples each at temperature 1): mean reward SFT "
+                      f"{o['SFT']:.3f} → SFT+GRPO {o['SFT+GRPO']:.3f}."]  # fmt: skip
+        if "sft" in res:
+            s = res["sft"]
+            lines += ["", f"SFT: {s['steps']} steps, last loss {s['last_loss']:.3f}, "
+                      f"{s['seconds'] / 60:.1f} min."]  # fmt: skip
+        lines.append("")
+    lines += verdicts(results)
+    lines += ["", "![learning](img/learning.png)", ""]
+    return "\n".join(lines)
+
+
+def verdicts(results: list[dict[str, Any]]) -> list[str]:
+    """Plain statements of which targets were met (and by how much they were missed)."""
+    out = ["### Targets", ""]
+    for res in results:
+        m = res["model"]
+        v = res["variants"]
+        sft = v.get("SFT")
+        if sft is None:
+            continue
+        pr = sft["metrics"].get("parse_rate", math.nan)
+        out.append(f"- {m}: parse rate after SFT {pr:.2f} "
+                   f"({'meets' if pr >= 0.95 else 'misses'} the 0.95 target).")  # fmt: skip
+        for c in HEAD[m][1:]:
+            s = sft["metrics"].get(c)
+            if s is None or math.isnan(s):
+                continue
+            lower = c in LOWER_IS_BETTER
+            beaten = []
+            for n, x in v.items():
+                o = x["metrics"].get(c)
+                if n in ("SFT", "SFT+GRPO") or o is None or math.isnan(o):
+                    continue
+                if (s >= o) if lower else (s <= o):
+                    beaten.append(n)
+            if beaten:
+                out.append(f"  - SFT does not beat {', '.join(beaten)} on {c} ({s:.3f}).")
+        g = v.get("SFT+GRPO")
+        if g is not None:
+            key = "r_seg" if m == "segmenter" else "r_cap"
+            lo, hi = sft["intervals"].get(key, [math.nan, math.nan])
+            gv = g["metrics"][key]
+            o = res.get("own_prompts", {})
+            out.append(
+                f"  - GRPO: own-prompt reward {o.get('SFT', math.nan):.3f} → "
+                f"{o.get('SFT+GRPO', math.nan):.3f}; held-out {key} {sft['metrics'][key]:.3f} → "
+                f"{gv:.3f} (SFT interval [{lo:.2f}, {hi:.2f}]: "
+                f"{'within' if gv >= lo else 'BELOW'})."
+            )
+    return out
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for ax, res in zip(axes[0], results, strict=True):
+        m = res["model"]
+        key = {"segmenter": "r_seg", "captioner": "r_cap", "rewarder": "dense.accuracy"}[m]
+        names, vals, errs = [], [], [[], []]
+        for n, v in res["variants"].items():
+            x = v["metrics"].get(key)
+            if x is None or math.isnan(x):
+                continue
+            lo, hi = v["intervals"].get(key, [x, x])
+            names.append(n)
+            vals.append(x)
+            errs[0].append(max(0.0, x - lo))
+            errs[1].append(max(0.0, hi - x))
+        ax.bar(range(len(vals)), vals, yerr=errs, capsize=4, color="#4c72b0")
+        ax.set_xticks(range(len(vals)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{m}: held-out {key} (95% CI)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="short schedules (minutes per model)")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/flora-learning"))
+    ap.add_argument("--episodes", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--split", type=float, default=0.25)
+    ap.add_argument("--sft-steps", type=int, default=None)
+    ap.add_argument("--segmenter-sft-steps", type=int, default=None,
+                    help="SFT steps for the segmenter (its windows are ~3x longer)")  # fmt: skip
+    ap.add_argument("--grpo-steps", type=int, default=None)
+    ap.add_argument("--eval-episodes", type=int, default=None)
+    ap.add_argument("--probe-prompts", type=int, default=8)
+    ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--write-docs", action="store_true")
+    args = ap.parse_args()
+    q = args.quick
+    args.episodes = args.episodes or (16 if q else 40)
+    args.sft_steps = args.sft_steps if args.sft_steps is not None else (120 if q else 0)
+    args.grpo_steps = args.grpo_steps if args.grpo_steps is not None else (6 if q else 30)
+    args.eval_episodes = args.eval_episodes or (4 if q else None)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    from flora.data.synth import generate
+
+    dataset = args.work / f"toy_{args.episodes}_{args.seed}{'_quick' if q else ''}"
+    if not (dataset / "ground_truth").is_dir():
+        _log(f"generating {args.episodes} toy-world episodes")
+        # --quick: short episodes (fewer windows per episode); full: the generator's 5 s-3 min.
+        durs = [(12.0, 20.0, 30.0, 45.0)[i % 4] for i in range(args.episodes)] if q else None
+        generate(dataset, episodes=args.episodes, seed=args.seed, durations_s=durs,
+                 progress=False)  # fmt: skip
+    results = []
+    for m in args.models.split(","):
+        results.append(run_model(m, args, dataset, args.work))
+        (args.work / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    md = markdown(results, args, time.perf_counter() - t0)
+    print(md)
+    if args.write_docs:
+        plot(results, ROOT / "docs" / "img" / "learning.png")
+        with (ROOT / "docs" / "benchmarks.md").open("a") as f:
+            f.write("\n" + md)
+
+
+if __name__ == "__main__":
+    main()
