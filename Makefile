@@ -33,6 +33,7 @@ demo: venv
 
 test: venv
 	tools/ensure_chromium.sh
+	tools/ensure_postgres.sh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 

@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# Session fixture: MLflow on a real PostgreSQL for the tracking and registry tests.
+from tests.tracking.pg_server import mlflow_pg_server  # noqa: F401
+
 # Tests run offline and headless on every machine.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

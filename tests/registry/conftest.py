@@ -5,16 +5,22 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="module")
-def registry_home(tmp_path_factory):
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def registry_home(request, tmp_path_factory):
     """One FLORA_HOME (one SQLite store) per module: creating the MLflow schema is the
-    slow part, so tests share it and start from an empty registry instead."""
+    slow part, so tests share it and start from an empty registry instead.
+
+    Every test runs twice: on SQLite, and on the MLflow server backed by a real
+    PostgreSQL (``mlflow_pg_server``, which fails loudly if PostgreSQL cannot start)."""
     from flora.settings import get_settings
 
     home = tmp_path_factory.mktemp("registry") / "flora_home"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLORA_HOME", str(home))
         mp.delenv("FLORA_MLFLOW_TRACKING_URI", raising=False)
+        if request.param == "postgres":
+            server = request.getfixturevalue("mlflow_pg_server")
+            mp.setenv("FLORA_MLFLOW_TRACKING_URI", server.url)
         get_settings.cache_clear()
         yield home
     get_settings.cache_clear()
