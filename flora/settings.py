@@ -37,6 +37,9 @@ class FloraSettings(BaseSettings):
     request_timeout_s: float = 120.0
     max_retries: int = 3
     max_concurrency: int = 8
+    # OpenAI client capabilities (docs/backends.md): "auto" probes the server once.
+    openai_video: Literal["auto", "on", "off"] = "auto"  # frames as one timestamped video
+    openai_guided: Literal["auto", "on", "off"] = "auto"  # structured outputs (regex/JSON)
     device: str = "auto"
     # `flora serve` limits (docs/backends.md): every request is bounded before it costs
     # memory or CPU; a client fault is a 4xx, never a 500.

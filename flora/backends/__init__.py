@@ -22,7 +22,8 @@ def make_backend(settings: FloraSettings | None = None) -> VLMBackend | None:
 
     One settings object selects everything (``FLORA_BACKEND``, ``FLORA_MODEL_PATH``,
     ``FLORA_ADAPTER_PATH``, ``FLORA_DEVICE``, ``FLORA_OPENAI_*``,
-    ``FLORA_REQUEST_TIMEOUT_S``, ``FLORA_MAX_RETRIES``, ``FLORA_MAX_CONCURRENCY``).
+    ``FLORA_REQUEST_TIMEOUT_S``, ``FLORA_MAX_RETRIES``, ``FLORA_MAX_CONCURRENCY``,
+    ``FLORA_OPENAI_VIDEO``, ``FLORA_OPENAI_GUIDED``).
     """
     from flora.settings import get_settings
 
@@ -47,6 +48,8 @@ def make_backend(settings: FloraSettings | None = None) -> VLMBackend | None:
             timeout_s=s.request_timeout_s,
             max_retries=s.max_retries,
             max_concurrency=s.max_concurrency,
+            video=s.openai_video,
+            guided=s.openai_guided,
         )
     raise BackendError(f"unknown backend {s.backend!r}")  # unreachable: settings validate
 

@@ -30,6 +30,10 @@ class VLMRequest:
     temperature: float = 0.0
     top_logprobs: int = 0  # >0: return that many alternatives per generated token
     request_id: str = ""
+    # Guided decoding (docs/backends.md): the output grammar's regex or JSON schema. Backends
+    # that can constrain generation use it; the strict parser judges the answer regardless.
+    guided_regex: str | None = None
+    guided_json: dict | None = None
 
 
 @dataclass

@@ -33,6 +33,8 @@ def serve_cmd(
     delay_first: int = typer.Option(0, "--delay-first", hidden=True),
     delay_s: float = typer.Option(0.0, "--delay-s", hidden=True),
     stall_marker: str = typer.Option(None, "--stall-marker", hidden=True),
+    throttle_first: int = typer.Option(0, "--throttle-first", hidden=True),
+    retry_after_s: int = typer.Option(1, "--retry-after-s", hidden=True),
 ) -> None:
     """Serve a VLM over an OpenAI-compatible HTTP API (chat completions with logprobs).
 
@@ -63,7 +65,15 @@ def serve_cmd(
         served_model=served_model or s.openai_model,
         device=device or s.device,
         batch_size=batch_size,
-        faults=Faults(fail_first, fail_marker, delay_first, delay_s, stall_marker),
+        faults=Faults(
+            fail_first,
+            fail_marker,
+            delay_first,
+            delay_s,
+            stall_marker,
+            throttle_first=throttle_first,
+            retry_after_s=retry_after_s,
+        ),
         settings=s,
     )
 

@@ -1,7 +1,9 @@
 """``flora serve``: an OpenAI-compatible HTTP server over the in-process TransformersBackend.
 
-Endpoints: ``POST /v1/chat/completions`` (text + ``image_url`` data-URL parts;
-``max_tokens``/``max_completion_tokens``, ``temperature``, ``logprobs``, ``top_logprobs``),
+Endpoints: ``POST /v1/chat/completions`` (text, ``image_url`` and ``video_url`` data-URL
+parts; ``max_tokens``/``max_completion_tokens``, ``temperature``, ``logprobs``,
+``top_logprobs``, guided decoding via ``structured_outputs`` / ``guided_regex`` /
+``guided_json`` / ``response_format``),
 ``GET /v1/models``, ``GET /health``. Concurrent requests are gathered into batches (up to
 the backend's ``batch_size``, waiting at most ``batch_wait_ms`` for company) and run on one
 worker thread, so the event loop stays responsive while the model works.
@@ -18,11 +20,18 @@ generation (504). A request whose client disconnects or whose deadline passes st
 generating at the next token (a stopping criterion on the backend). A client fault is a
 400 with an OpenAI-style error body, never a 500.
 
-Fault injection (tests only, off by default): ``Faults`` makes the first N completions
-answer 500, every completion whose text contains a marker answer 500, the first M
-completions sleep before answering, and/or a completion whose text contains a stall
-marker hang inside generation until it is cancelled — so retries, timeouts and
-cancellation are tested against the real server.
+A ``video_url`` part (an MP4 data URL, :mod:`flora.backends.video`) is decoded to its frames
+and timestamps within the image limits, and reaches the model as the transformers backend
+lays out a timestamped clip: one video where the checkpoint's processor has a video half,
+stamped images otherwise. Guided decoding (:mod:`flora.backends.guided`): a regex is
+enforced token by token by a logits mask; a JSON schema is checked and re-sampled a
+bounded number of times; an invalid regex or schema is a 400.
+
+Fault injection (tests only, off by default): ``Faults`` makes the first K completions
+answer 429 with ``Retry-After``, the next N answer 500, every completion whose text
+contains a marker answer 500, the first M completions sleep before answering, and/or a
+completion whose text contains a stall marker hang inside generation until it is
+cancelled — so retries, timeouts and cancellation are tested against the real server.
 """
 
 from __future__ import annotations
@@ -44,8 +53,18 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from flora.backends.processing import Chat, RequestError, openai_messages_to_chat, render_prompt
+from flora.backends.guided import JSON_RESAMPLES, RegexMask, guide_from_body, json_ok
+from flora.backends.guided import token_strings as _token_strings
+from flora.backends.processing import (
+    Chat,
+    RequestError,
+    openai_messages_to_chat,
+    render_prompt,
+    stamp,
+    supports_video,
+)
 from flora.backends.transformers_backend import Generation, TransformersBackend
+from flora.backends.video import decode_video
 from flora.settings import FloraSettings, get_settings
 
 log = logging.getLogger(__name__)
@@ -57,13 +76,15 @@ MIN_IMAGE_SIDE = 4  # pixels; smaller images are refused (see ``prompt_tokens``)
 class Faults:
     """Injected failures for tests (all off by default)."""
 
-    fail_first: int = 0  # the first N completions answer HTTP 500
+    fail_first: int = 0  # the first N completions (after the 429s) answer HTTP 500
     fail_marker: str | None = None  # completions whose text contains this answer 500
     delay_first: int = 0  # the first M completions sleep ``delay_s`` first
     delay_s: float = 0.0
     # Completions whose text contains this hang at their first generated token until
     # cancelled (client gone) or past their deadline: a deterministic runaway generation.
     stall_marker: str | None = None
+    throttle_first: int = 0  # the first K completions answer 429 with Retry-After
+    retry_after_s: int = 1
 
 
 class ChatRequest(BaseModel):
@@ -83,6 +104,11 @@ class ChatRequest(BaseModel):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     n: int | None = None
     stream: bool | None = None
+    # Guided decoding (flora.backends.guided): checked in ``guide_from_body``.
+    structured_outputs: dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_json: dict[str, Any] | str | None = None
+    response_format: dict[str, Any] | None = None
 
 
 def _error(
@@ -134,7 +160,11 @@ def prompt_tokens(backend: TransformersBackend, chat: Chat) -> int:
     ip = getattr(proc, "image_processor", None)
     count = getattr(ip, "get_number_of_image_patches", None)
     merge = int(getattr(ip, "merge_size", 1) or 1)
-    for i, img in enumerate(chat.images()):
+    frames = list(chat.images())
+    for v in chat.videos():
+        # Two frames make one temporal patch: a video costs half its frames' image tokens.
+        frames += v["video"][::2]
+    for i, img in enumerate(frames):
         h, w = img.shape[:2]
         if min(h, w) < MIN_IMAGE_SIDE:
             # The image processor guesses the channel axis from the shape: a side of 1 or
@@ -146,6 +176,74 @@ def prompt_tokens(backend: TransformersBackend, chat: Chat) -> int:
             except ValueError as e:  # e.g. an aspect ratio the processor refuses
                 raise RequestError(f"image {i} ({w}x{h}) is not accepted: {e}") from e
     return n
+
+
+def wire_to_chat(
+    messages: list[dict[str, Any]], settings: FloraSettings, video_ok: bool
+) -> list[dict[str, Any]]:
+    """Wire messages -> chat messages, with ``video_url`` parts decoded.
+
+    Video frames count against the same limits as images (``FLORA_SERVE_MAX_IMAGES``,
+    ``..._MAX_IMAGE_PIXELS`` per frame, ``..._MAX_TOTAL_PIXELS`` per request; the encoded
+    video against ``..._MAX_BODY_BYTES``). A video becomes one video part when the
+    processor takes videos (``video_ok``), else its frames as images each preceded by its
+    timestamp stamp — exactly what ``request_to_chat`` makes of the same frames, so the model
+    sees what the in-process backend would.
+    """
+    s = settings
+    videos: dict[tuple[int, int], tuple[list[Any], list[int]]] = {}
+    n_frames = pixels = 0
+    stripped: list[Any] = []
+    for k, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list) or not any(
+            isinstance(p, dict) and p.get("type") == "video_url" for p in content
+        ):
+            stripped.append(m)
+            continue
+        parts: list[Any] = []
+        for j, p in enumerate(content):
+            if not (isinstance(p, dict) and p.get("type") == "video_url"):
+                parts.append(p)
+                continue
+            vu = p.get("video_url")
+            url = vu.get("url") if isinstance(vu, dict) else vu
+            if not isinstance(url, str):
+                raise RequestError(f"messages[{k}].content[{j}].video_url.url missing")
+            try:
+                frames, times = decode_video(
+                    url,
+                    max_bytes=s.serve_max_body_bytes,
+                    max_frames=s.serve_max_images - n_frames,
+                    max_frame_pixels=s.serve_max_image_pixels,
+                    max_total_pixels=s.serve_max_total_pixels - pixels,
+                )
+            except RequestError as e:
+                raise RequestError(
+                    f"messages[{k}].content[{j}]: {e} (FLORA_SERVE_MAX_IMAGES / _PIXELS limits)"
+                ) from e
+            n_frames += len(frames)
+            pixels += sum(f.shape[0] * f.shape[1] for f in frames)
+            videos[(k, j)] = (frames, times)
+            parts.append({"type": "text", "text": ""})  # placeholder, replaced below
+        stripped.append({**m, "content": parts})
+    out = openai_messages_to_chat(
+        stripped,
+        max_images=s.serve_max_images - n_frames,
+        max_image_bytes=s.serve_max_image_bytes,
+        max_image_pixels=s.serve_max_image_pixels,
+        max_total_pixels=s.serve_max_total_pixels - pixels,
+    )
+    # Right to left within a message, so expanding a video keeps earlier indices valid.
+    for (k, j), (frames, times) in sorted(videos.items(), reverse=True):
+        if video_ok:
+            repl: list[dict[str, Any]] = [{"type": "video", "video": frames, "times_us": times}]
+        else:
+            repl = []
+            for img, t in zip(frames, times, strict=True):
+                repl += [{"type": "text", "text": stamp(t)}, {"type": "image", "image": img}]
+        out[k]["content"][j : j + 1] = repl
+    return out
 
 
 class _Batcher:
@@ -330,6 +428,21 @@ def create_app(
     s = settings or get_settings()
     faults = faults or Faults()
     batcher = _Batcher(backend, backend.batch_size, batch_wait_ms / 1000)
+    video_ok = supports_video(backend.processor)
+    masks: dict[str, RegexMask] = {}  # per regex: its allowed-token cache is shared
+    vocab: list[list[str | None]] = []
+
+    def regex_mask(pattern: str) -> RegexMask:
+        # Built lazily (decoding the vocabulary once), on the worker thread's side of the
+        # request; a few hundred distinct grammars at most (one per window tick count).
+        if not vocab:
+            vocab.append(_token_strings(backend.tokenizer, len(backend.tokenizer)))
+        if pattern not in masks:
+            if len(masks) >= 256:
+                masks.pop(next(iter(masks)))
+            masks[pattern] = RegexMask(pattern, vocab[0], list(backend.eos_ids))
+        return masks[pattern]
+
     stats: dict[str, Any] = {
         "completions": 0,
         "injected_failures": 0,
@@ -339,6 +452,10 @@ def create_app(
         "disconnected": 0,  # clients gone before their answer
         "deadline_exceeded": 0,
         "stopped_generations": 0,  # generations stopped early (disconnect or deadline)
+        "video_parts": 0,  # video_url parts decoded
+        "guided": 0,  # completions with a guided-decoding constraint
+        "guided_resamples": 0,  # JSON-schema answers re-sampled
+        "injected_429": 0,
     }
     # PIL's own decompression-bomb guard, at the same limit: Image.open raises above twice
     # it (before any pixel is decoded) and only warns between 1x and 2x, where the explicit
@@ -354,6 +471,11 @@ def create_app(
         "max_tokens": s.serve_max_tokens,
         "request_timeout_s": s.serve_request_timeout_s,
         "max_pending": s.serve_max_pending,
+    }
+    capabilities = {
+        "video": True,
+        "video_as": "video" if video_ok else "stamped_images",
+        "guided": ["regex", "json_schema"],
     }
 
     @asynccontextmanager
@@ -379,6 +501,7 @@ def create_app(
             "queued": batcher.queue.qsize() if batcher.queue is not None else 0,
             "dropped_from_queue": batcher.dropped,
             "limits": limits,
+            "capabilities": capabilities,
         }
 
     @app.get("/v1/models")
@@ -427,8 +550,11 @@ def create_app(
             return reject(_bad("body must be a JSON object"))
         try:
             body = ChatRequest.model_validate(data)
+            guide = guide_from_body(data)
         except ValidationError as e:
             return reject(_bad(_validation_message(e)))
+        except RequestError as e:
+            return reject(_bad(str(e)))
         del data
         if body.model not in (None, served_model):
             return reject(
@@ -448,8 +574,16 @@ def create_app(
         stats["completions"] += 1
         if k < faults.delay_first and faults.delay_s > 0:
             await asyncio.sleep(faults.delay_s)
+        if k < faults.throttle_first:
+            stats["injected_429"] += 1
+            return _error(
+                429,
+                "injected throttling (test fault injection)",
+                "rate_limit_error",
+                headers={"Retry-After": str(faults.retry_after_s)},
+            )
         text = str(body.messages)
-        injected = k < faults.fail_first or (
+        injected = faults.throttle_first <= k < faults.throttle_first + faults.fail_first or (
             faults.fail_marker is not None and faults.fail_marker in text
         )
         if injected:
@@ -459,16 +593,16 @@ def create_app(
         del text
         try:
             # Decoding dozens of PNG frames is CPU work: keep it off the event loop.
-            messages = await asyncio.to_thread(
-                openai_messages_to_chat,
-                body.messages,
-                max_images=s.serve_max_images,
-                max_image_bytes=s.serve_max_image_bytes,
-                max_image_pixels=s.serve_max_image_pixels,
-                max_total_pixels=s.serve_max_total_pixels,
-            )
+            messages = await asyncio.to_thread(wire_to_chat, body.messages, s, video_ok)
         except RequestError as e:
             return reject(_bad(str(e)))
+        stats["video_parts"] += sum(
+            1
+            for m in body.messages
+            if isinstance(m.get("content"), list)
+            for p in m["content"]
+            if isinstance(p, dict) and p.get("type") == "video_url"
+        )
         logprobs_on = bool(body.logprobs)
         temperature = 1.0 if body.temperature is None else body.temperature
         top = body.top_logprobs or 0
@@ -498,6 +632,31 @@ def create_app(
         chat.meta.update(
             cancel=cancel, deadline=deadline, should_stop=_stopper(cancel, deadline, stall, on_stop)
         )
+        if guide:
+            stats["guided"] += 1
+        if guide.regex is not None:
+            chat.meta["logits_mask"] = await asyncio.to_thread(regex_mask, guide.regex)
+        tries = 1 + (JSON_RESAMPLES if guide.json_schema is not None and temperature > 0 else 0)
+        for attempt in range(tries):
+            if attempt:
+                stats["guided_resamples"] += 1
+            result = await _generate(chat, request, cancel, deadline)
+            if not isinstance(result, Generation) or result.error is not None:
+                break
+            if guide.json_schema is None or json_ok(result.text, guide.json_schema):
+                break
+        if not isinstance(result, Generation):
+            return result
+        gen = result
+        if gen.error is not None:
+            return _error(500, gen.error, "server_error")
+        return _completion_body(body, gen, served_model, backend.model_version)
+
+    async def _generate(
+        chat: Chat, request: Request, cancel: threading.Event, deadline: float
+    ) -> Generation | JSONResponse:
+        """Queue ``chat``; its generation, or the 499/504 answer when the client left or
+        the deadline passed (the generation is then stopped)."""
         fut = batcher.submit(chat)
         gone = asyncio.create_task(_wait_disconnect(request))
         try:
@@ -516,10 +675,7 @@ def create_app(
                 return _error(499, "client disconnected", "client_closed_request")
             stats["deadline_exceeded"] += 1
             return _deadline_error(s.serve_request_timeout_s)
-        gen = fut.result()
-        if gen.error is not None:
-            return _error(500, gen.error, "server_error")
-        return _completion_body(body, gen, served_model, backend.model_version)
+        return fut.result()
 
     @app.post("/v1/chat/completions")
     async def completions(request: Request) -> Any:

@@ -394,10 +394,13 @@ class TransformersBackend:
             from transformers import StoppingCriteriaList
 
             stop_kw["stopping_criteria"] = StoppingCriteriaList([_StopRows(batch)])
+        processors: list[Any] = [recorder]  # first: log-probs of the raw distribution
+        if any(c.meta.get("logits_mask") for c in batch):  # guided decoding (flora serve)
+            processors.append(_RowMasks(batch, prompt_len))
         out = self.model.generate(
             **enc,
             generation_config=gcfg,
-            logits_processor=LogitsProcessorList([recorder]),
+            logits_processor=LogitsProcessorList(processors),
             **stop_kw,
         )
         seqs = out.sequences[:, prompt_len:].cpu()
@@ -465,6 +468,21 @@ class _StopRows:
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
         flags = [bool(f is not None and f()) for f in self.checks]
         return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
+
+
+class _RowMasks:
+    """Logits processor: row b's scores go through ``batch[b].meta["logits_mask"]``
+    (``mask(generated_ids, scores_row) -> scores_row``), e.g. a guided-decoding regex."""
+
+    def __init__(self, batch: Sequence[Chat], prompt_len: int):
+        self.masks = [c.meta.get("logits_mask") for c in batch]
+        self.prompt_len = prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for b, mask in enumerate(self.masks):
+            if mask is not None:
+                scores[b] = mask(input_ids[b, self.prompt_len :].tolist(), scores[b])
+        return scores
 
 
 def _text_len(c: Chat) -> int:

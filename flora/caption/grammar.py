@@ -89,6 +89,13 @@ def parse_caption(text: str) -> str | Rejection:
     return sentence
 
 
+def caption_regex() -> str:
+    """The grammar's syntax as a regular expression, for guided decoding: the prefix and one
+    line of at most :data:`MAX_CAPTION_CHARS` characters starting with a letter.
+    Word counts and the garbage checks are not expressed: :func:`parse_caption` judges."""
+    return f"{CAPTION_PREFIX}[A-Za-z][^\\r\\n]{{0,{MAX_CAPTION_CHARS - 1}}}"
+
+
 def parse_caption_response(response: VLMResponse) -> str | Rejection:
     """``parse_caption`` over a backend response (for ``flora.parsing.generate_parsed``)."""
     return parse_caption(response.text)
@@ -109,6 +116,7 @@ def render_caption(caption: str) -> str:
 
 __all__ = [
     "CAPTION_PREFIX",
+    "caption_regex",
     "caption_problem",
     "MAX_CAPTION_CHARS",
     "MAX_CAPTION_WORDS",

@@ -170,6 +170,16 @@ def _first_lines(text: str, limit: int) -> list[str]:
     return out
 
 
+def dense_regex() -> str:
+    """The grammar's syntax as a regular expression, for guided decoding: the worst line,
+    then the 32 group lines in order, a reason (printable, no ``|``) only on labels 1/2.
+    That the declared worst equals the worst label is not expressed: :func:`parse_dense`
+    judges."""
+    reason = "[!-{}~][ -{}~]{0," + str(MAX_REASON_CHARS - 1) + "}"
+    groups = "".join(f"\\n{g}: (3|[12] \\| {reason})" for g in range(1, DENSE_GROUPS + 1))
+    return f"worst: [123]{groups}"
+
+
 def parse_dense(text: str) -> DenseOutput | Rejection:
     """Strict parser for one dense window; a ``DenseOutput`` or a typed ``Rejection``.
 

@@ -155,6 +155,11 @@ def render_outcome(score: int) -> str:
     return f"score: {int(score)}"
 
 
+def outcome_regex() -> str:
+    """The grammar as a regular expression, for guided decoding: ``score: K``, K in 1..5."""
+    return "score: [1-5]"
+
+
 def parse_outcome(text: str) -> int | Rejection:
     """Strict parser for ``score: K``; returns K (1..5) or a typed ``Rejection``."""
     if not isinstance(text, str):

@@ -180,6 +180,24 @@ def render_rubric(rubric: Rubric, scores: Mapping[str, float], thinking: str | N
     return "\n".join(lines)
 
 
+def _regex_literal(text: str) -> str:
+    # Only the metacharacters: ``re.escape`` also escapes spaces, which some guided-decoding
+    # regex engines (vLLM's backends) may not accept.
+    return "".join("\\" + c if c in ".^$*+?{}[]\\|()" else c for c in text)
+
+
+def rubric_regex(rubric: Rubric, think: bool = True) -> str:
+    """The grammar for ``rubric`` as a regular expression, for guided decoding: an optional
+    think block (``think=True``), then one ``name: score`` line per step in rubric order,
+    each score one of the step's allowed values as :func:`format_score` writes it."""
+    lines = []
+    for s in rubric.steps:
+        values = "|".join(_regex_literal(format_score(v)) for v in s.allowed)
+        lines.append(f"{_regex_literal(s.name)}: ({values})")
+    body = "\\n".join(lines)
+    return f"(<think>\\n[^<]*\\n</think>\\n)?{body}" if think else body
+
+
 def parse_rubric(rubric: Rubric, text: str) -> dict[str, float] | Rejection:
     """Strict parser: per-step scores (snapped to ``V_j``) in rubric order, or a Rejection."""
     if not isinstance(text, str):

@@ -49,6 +49,22 @@ def render_segments(segments: Sequence[LocalSegment]) -> str:
     return "\n".join(f"{s.u} {s.v} {int(s.left_open)} {int(s.right_open)}" for s in segs)
 
 
+def segments_regex(n_ticks: int) -> str:
+    """The grammar's syntax as a regular expression, for guided decoding (vLLM
+    ``structured_outputs.regex``, ``flora serve``).
+
+    Ticks are bounded by their digit count (not by ``n_ticks`` itself) and order, flag and
+    duplicate rules are not expressed: the constrained output is only the shape,
+    :func:`parse_segments` stays the judge.
+    """
+    if n_ticks < 1:
+        raise ValueError(f"n_ticks must be >= 1, got {n_ticks}")
+    d = len(str(n_ticks))
+    tick = "(0|[1-9][0-9]{0," + str(d - 1) + "})" if d > 1 else "[0-9]"
+    line = f"{tick} {tick} [01] [01]"
+    return f"({NONE_TOKEN}|{line}(\\n{line})*)"
+
+
 def _rej(code: str, detail: str, text: str) -> Rejection:
     return Rejection(f"{code}: {detail}", text[:2000], kind="parse")
 

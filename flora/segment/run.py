@@ -29,7 +29,7 @@ from flora.contract import ContractError, Event, validate_events
 from flora.data.episode import Episode, FloraDataError, make_episode_id
 from flora.parsing import Rejection, generate_parsed
 from flora.segment import kinematic
-from flora.segment.grammar import parse_segments, render_segments
+from flora.segment.grammar import parse_segments, render_segments, segments_regex
 from flora.segment.plan import LocalSegment, Window, plan_windows
 from flora.segment.prompts import SYSTEM, segment_prompt
 from flora.segment.refine import refine_detailed
@@ -227,6 +227,7 @@ def _backend_outputs(
                 max_new_tokens=max_new_tokens,
                 temperature=0.0,
                 request_id=f"{episode.episode_id}:{pass_name}:{k}:{w.start_us}-{w.end_us}",
+                guided_regex=segments_regex(w.n_ticks),  # used where the backend can
             )
             groups.setdefault(w.n_ticks, []).append((k, req))
         for n_ticks, items in groups.items():

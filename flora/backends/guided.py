@@ -1,0 +1,209 @@
+"""Guided decoding: the request fields, their validation, and regex-constrained generation.
+
+Wire fields (what vLLM's OpenAI server takes, and ``flora serve`` too):
+
+* ``structured_outputs: {"regex": R}`` or ``{"json": SCHEMA}`` — vLLM >= 0.12 (the form the
+  Flora client sends);
+* the older ``guided_regex`` / ``guided_json`` fields (vLLM < 0.12) and
+  ``response_format: {"type": "json_schema", "json_schema": {"schema": SCHEMA}}``.
+
+Every Flora grammar is line-based text, so the engine sends regexes (one function beside
+each parser: ``segments_regex``, ``caption_regex``, ``outcome_regex``, ``dense_regex``,
+``rubric_regex``); a JSON schema is accepted for other clients. The strict parser stays
+the judge of every answer either way.
+
+Enforcement in ``flora serve``:
+
+* **regex** — a logits mask (:class:`RegexMask`) applied at every generated token: a
+  token is allowed only if the text so far plus that token can still be extended to a full
+  match (``regex`` module partial matching); end-of-sequence only once the text fully
+  matches. So greedy and sampled answers both match the regex (unless ``max_tokens`` cuts
+  them short). Cost: one partial match per vocabulary entry per new prefix — fine for the
+  small CPU models ``flora serve`` runs, not for 150k-token vocabularies.
+* **JSON schema** — checked, not constrained: the answer is parsed and validated; a failing
+  answer is re-sampled up to :data:`JSON_RESAMPLES` more times when the temperature is
+  above 0 (greedy would repeat itself), and the last answer is returned as is.
+
+The log-probabilities the backend records are taken before the mask (the raw model
+distribution), like vLLM's ``raw_logprobs``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from flora.backends.processing import RequestError
+
+JSON_RESAMPLES = 2
+MAX_PATTERN_CHARS = 100_000
+
+
+@dataclass(frozen=True)
+class Guide:
+    """One request's output constraint: a regex or a JSON schema (at most one)."""
+
+    regex: str | None = None
+    json_schema: dict[str, Any] | None = None
+
+    def __bool__(self) -> bool:
+        return self.regex is not None or self.json_schema is not None
+
+    def wire(self) -> dict[str, Any]:
+        """The ``structured_outputs`` body field (vLLM >= 0.12)."""
+        if self.regex is not None:
+            return {"regex": self.regex}
+        if self.json_schema is not None:
+            return {"json": self.json_schema}
+        return {}
+
+
+def compile_regex(pattern: str) -> Any:
+    """Compile with the ``regex`` module (partial matching); ``RequestError`` if invalid."""
+    import regex
+
+    if not isinstance(pattern, str) or not pattern:
+        raise RequestError("guided regex must be a non-empty string")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise RequestError(f"guided regex is over {MAX_PATTERN_CHARS} characters")
+    try:
+        return regex.compile(pattern)
+    except (regex.error, RecursionError, OverflowError) as e:
+        raise RequestError(f"guided regex does not compile: {e}") from e
+
+
+def check_schema(schema: Any) -> dict[str, Any]:
+    """A JSON schema, checked against its metaschema; ``RequestError`` if invalid."""
+    import jsonschema
+
+    if isinstance(schema, str):  # vLLM accepts the schema as a JSON string too
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise RequestError(f"guided JSON schema is not valid JSON: {e}") from e
+    if not isinstance(schema, dict):
+        raise RequestError(f"guided JSON schema must be an object, got {type(schema).__name__}")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise RequestError(f"guided JSON schema is invalid: {e.message}") from e
+    return schema
+
+
+def guide_from_body(data: dict[str, Any]) -> Guide:
+    """The guide a chat-completions body asks for (``Guide()`` if none); ``RequestError``
+    for a malformed field, a regex that does not compile or an invalid schema."""
+    regex_ = json_ = None
+    so = data.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise RequestError("structured_outputs must be an object")
+        unknown = sorted(set(so) - {"regex", "json"})
+        if unknown:
+            raise RequestError(f"structured_outputs.{unknown[0]} is not supported (regex, json)")
+        regex_, json_ = so.get("regex"), so.get("json")
+    regex_ = data.get("guided_regex", regex_)
+    json_ = data.get("guided_json", json_)
+    rf = data.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict):
+            raise RequestError("response_format must be an object")
+        kind = rf.get("type")
+        if kind == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or "schema" not in js:
+                raise RequestError("response_format.json_schema.schema is missing")
+            json_ = js["schema"]
+        elif kind not in (None, "text"):
+            raise RequestError(f"response_format.type {kind!r} is not supported")
+    if regex_ is not None and json_ is not None:
+        raise RequestError("give either a guided regex or a JSON schema, not both")
+    if regex_ is not None:
+        compile_regex(regex_)
+        return Guide(regex=regex_)
+    if json_ is not None:
+        return Guide(json_schema=check_schema(json_))
+    return Guide()
+
+
+def json_ok(text: str, schema: dict[str, Any]) -> bool:
+    """Whether ``text`` is JSON valid under ``schema``."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError, RecursionError):
+        return False
+    return True
+
+
+class RegexMask:
+    """Per-row logits mask: only tokens that keep the text a prefix of a full match.
+
+    ``token_strings[i]`` is token i decoded alone (special tokens: ``None``, never allowed
+    except the end-of-sequence ids, which are allowed once the text matches in full).
+    Allowed sets are cached per text prefix.
+    """
+
+    def __init__(self, pattern: str, token_strings: list[str | None], eos_ids: list[int]):
+        self.pattern = compile_regex(pattern)
+        self.tokens = token_strings
+        self.eos_ids = list(eos_ids)
+        self._cache: dict[str, list[int]] = {}
+
+    def allowed(self, prefix: str) -> list[int]:
+        """Token ids allowed after ``prefix``."""
+        hit = self._cache.get(prefix)
+        if hit is not None:
+            return hit
+        out = [
+            i
+            for i, t in enumerate(self.tokens)
+            if t and self.pattern.fullmatch(prefix + t, partial=True) is not None
+        ]
+        if self.pattern.fullmatch(prefix) is not None or not out:
+            # Complete: it may stop. A dead end (nothing extends it) stops too: the strict
+            # parser then judges the answer.
+            out += self.eos_ids
+        self._cache[prefix] = out
+        return out
+
+    def __call__(self, generated: list[int], scores: Any) -> Any:
+        """Mask one row of logits (a 1-D tensor) given the ids generated so far."""
+        import torch
+
+        prefix = "".join(self.tokens[i] or "" for i in generated)
+        keep = torch.tensor(self.allowed(prefix), dtype=torch.long, device=scores.device)
+        masked = torch.full_like(scores, float("-inf"))
+        masked[keep] = scores[keep]
+        return masked
+
+
+def token_strings(tokenizer: Any, vocab_size: int) -> list[str | None]:
+    """Every token id decoded alone; special tokens are ``None``."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special |= {i for i, t in added.items() if getattr(t, "special", False)}
+    out: list[str | None] = []
+    for i in range(vocab_size):
+        if i in special:
+            out.append(None)
+            continue
+        try:
+            out.append(tokenizer.decode([i], skip_special_tokens=False))
+        except Exception:  # noqa: BLE001 - ids past the tokenizer (padded embeddings)
+            out.append(None)
+    return out
+
+
+__all__ = [
+    "Guide",
+    "JSON_RESAMPLES",
+    "RegexMask",
+    "check_schema",
+    "compile_regex",
+    "guide_from_body",
+    "json_ok",
+    "token_strings",
+]
