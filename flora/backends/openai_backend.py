@@ -445,11 +445,26 @@ class OpenAIBackend:
 
 
 def _video_ok(req: VLMRequest) -> bool:
-    """A request that can go as one video: >= 2 timestamped frames of one size."""
-    if req.frame_times_us is None or len(req.images) < 2:
+    """A request that can go as one video: >= 2 frames of one size whose timestamps start
+    at 0 and are evenly spaced (to the millisecond).
+
+    vLLM's video loaders derive each frame's time from ``index / fps``, ignoring the
+    container's presentation times; only such a clip keeps its real times there. Any
+    other (a clip starting mid-episode, gaps between context clips) goes as stamped
+    images, which carry the exact times as text — the transformers backend's image layout.
+    """
+    times = req.frame_times_us
+    if times is None or len(req.images) < 2 or len(times) != len(req.images):
         return False
     shape = getattr(req.images[0], "shape", None)
-    return all(getattr(img, "shape", None) == shape for img in req.images)
+    if not all(getattr(img, "shape", None) == shape for img in req.images):
+        return False
+    step = (times[-1] - times[0]) / (len(times) - 1)
+    return (
+        abs(times[0]) < 1000
+        and step >= 1000
+        and all(abs(t - (times[0] + i * step)) < 1000 for i, t in enumerate(times))
+    )
 
 
 def _kind(x: Any) -> str:

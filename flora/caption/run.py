@@ -34,7 +34,7 @@ from flora.caption.context import (
     EventContext,
     select_contexts,
 )
-from flora.caption.grammar import parse_caption_response
+from flora.caption.grammar import caption_regex, parse_caption_response
 from flora.caption.prompts import (
     PROMPT_VERSION,
     SYSTEM_PROMPT,
@@ -293,6 +293,7 @@ def build_caption_requests(
                 max_new_tokens=cfg.max_new_tokens,
                 temperature=cfg.temperature,
                 request_id=request_id(eid, idx[k], ctx.target.start_us, ctx.target.end_us),
+                guided_regex=caption_regex(),  # used where the backend can constrain
             )
         )
         meta.append(

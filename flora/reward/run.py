@@ -40,14 +40,15 @@ from flora.reward import prompts
 from flora.reward.dense import (
     DenseOutput,
     DenseWindow,
+    dense_regex,
     group_times,
     parse_dense,
     plan_windows,
     stitch_outputs,
     stitch_sources,
 )
-from flora.reward.outcome import OutcomeScore, parse_outcome_response
-from flora.reward.rubric import Rubric, load_rubric, parse_rubric, score
+from flora.reward.outcome import OutcomeScore, outcome_regex, parse_outcome_response
+from flora.reward.rubric import Rubric, load_rubric, parse_rubric, rubric_regex, score
 from flora.tables import Failure, TableStore
 
 Mode = Literal["outcome", "dense", "rubric"]
@@ -155,6 +156,7 @@ def outcome_request(
         max_new_tokens=max_new_tokens,
         top_logprobs=top_logprobs,
         request_id=request_id(episode, "outcome"),
+        guided_regex=outcome_regex(),  # used where the backend can constrain
     )
 
 
@@ -179,6 +181,7 @@ def dense_requests(
                 system=prompts.SYSTEM,
                 max_new_tokens=max_new_tokens,
                 request_id=request_id(episode, "dense", f"w{w.index}"),
+                guided_regex=dense_regex(),
             )
         )
     return reqs
@@ -206,6 +209,7 @@ def rubric_request(
         system=prompts.SYSTEM,
         max_new_tokens=max_new_tokens,
         request_id=request_id(episode, "rubric"),
+        guided_regex=rubric_regex(rubric),
     )
 
 

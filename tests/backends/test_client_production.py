@@ -406,3 +406,21 @@ def test_guided_request_fields_reach_the_payload(tmp_path: Path):
     body = OpenAIBackend("http://unused", guided="on").payload(req)
     assert body["structured_outputs"] == {"json": {"type": "object"}}
     assert "structured_outputs" not in OpenAIBackend("http://unused").payload(req)
+
+
+@pytest.mark.parametrize(
+    ("times", "video"),
+    [
+        ([0, 250_000, 500_000], True),
+        ([10_000_000, 10_250_000, 10_500_000], False),  # starts mid-episode
+        ([0, 100_000, 350_000], False),  # uneven (context clips with gaps)
+        ([0, 0, 0], False),
+    ],
+)
+def test_video_only_for_clips_whose_times_survive_index_over_fps(times, video):
+    req = VLMRequest(prompt="p", images=frames(3), frame_times_us=times)
+    body = OpenAIBackend("http://unused", video="on").payload(req)
+    kinds = [p["type"] for p in body["messages"][0]["content"]]
+    assert (kinds[0] == "video_url") == video
+    if not video:  # stamped images carry the exact times as text
+        assert body["messages"][0]["content"][0]["text"] == f"<{times[0] / 1e6:.2f} seconds>"
