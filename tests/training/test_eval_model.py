@@ -19,11 +19,24 @@ from training.sets import Example
 
 def ex(eid, model, kind, episode, reference):
     return Example(
-        example_id=eid, model=model, task_kind=kind, purpose="sft", dataset="toy",
-        episode_id=episode, split="heldout", request_id=eid, system=None, prompt="p",
-        images=[], frame_times_us=None, max_new_tokens=8, temperature=0.0, top_logprobs=0,
-        target="", reference=json.dumps(reference),
-    )  # fmt: skip
+        example_id=eid,
+        model=model,
+        task_kind=kind,
+        purpose="sft",
+        dataset="toy",
+        episode_id=episode,
+        split="heldout",
+        request_id=eid,
+        system=None,
+        prompt="p",
+        images=[],
+        frame_times_us=None,
+        max_new_tokens=8,
+        temperature=0.0,
+        top_logprobs=0,
+        target="",
+        reference=json.dumps(reference),
+    )
 
 
 def table(rows):
@@ -31,21 +44,28 @@ def table(rows):
 
 
 SEG = [
-    ex("w0", "segmenter", "segment", "toy/000000",
-       {"n_ticks": 320, "segments": [[0, 40, 1, 0], [60, 200, 0, 0]]}),
+    ex(
+        "w0",
+        "segmenter",
+        "segment",
+        "toy/000000",
+        {"n_ticks": 320, "segments": [[0, 40, 1, 0], [60, 200, 0, 0]]},
+    ),
     ex("w1", "segmenter", "segment", "toy/000000", {"n_ticks": 320, "segments": []}),
     ex("w2", "segmenter", "segment", "toy/000001", {"n_ticks": 320, "segments": [[10, 50, 0, 0]]}),
     ex("w3", "segmenter", "segment", "toy/000001", {"n_ticks": 320, "segments": [[0, 320, 1, 1]]}),
-]  # fmt: skip
+]
 
 
 def test_segmenter_metrics_on_a_hand_table():
-    out = table([
-        ("w0", "0 40 1 0\n60 200 0 0"),  # perfect: every metric 1
-        ("w1", "none"),  # correct empty answer: 1
-        ("w2", "10 30 0 0\n100 120 0 0"),  # tIoU 0.5 with the ref, one extra segment
-        # w3 missing from the table: unparseable, 0 everywhere
-    ])  # fmt: skip
+    out = table(
+        [
+            ("w0", "0 40 1 0\n60 200 0 0"),  # perfect: every metric 1
+            ("w1", "none"),  # correct empty answer: 1
+            ("w2", "10 30 0 0\n100 120 0 0"),  # tIoU 0.5 with the ref, one extra segment
+            # w3 missing from the table: unparseable, 0 everywhere
+        ]
+    )
     res = score_outputs("segmenter", SEG, out, n_boot=0)
     m = res.metrics
     assert m["parse_rate"] == 0.75 and m["items"] == 4 and m["episodes"] == 2
@@ -84,20 +104,29 @@ class CupJudge:
 
 
 CAP = [
-    ex(f"e{i}", "captioner", "caption", f"toy/00000{i // 2}",
-       {"caption": "pick up the cup.", "requirements": [
-           {"family": "action", "text": "pick up the cup", "mass": 1.0}]})
+    ex(
+        f"e{i}",
+        "captioner",
+        "caption",
+        f"toy/00000{i // 2}",
+        {
+            "caption": "pick up the cup.",
+            "requirements": [{"family": "action", "text": "pick up the cup", "mass": 1.0}],
+        },
+    )
     for i in range(4)
-]  # fmt: skip
+]
 
 
 def test_captioner_r_cap_counts_every_reference_event():
-    out = table([
-        ("e0", "caption: pick up the cup."),  # covered: r_cap = 2*1/(1+1) = 1
-        ("e1", "caption: open a drawer."),  # parsed, nothing covered: 0
-        ("e2", "pick up the cup"),  # no prefix: unparseable -> 0
-        ("e3", "caption: maybe the cup."),  # judge could not decide -> 0, not covered
-    ])  # fmt: skip
+    out = table(
+        [
+            ("e0", "caption: pick up the cup."),  # covered: r_cap = 2*1/(1+1) = 1
+            ("e1", "caption: open a drawer."),  # parsed, nothing covered: 0
+            ("e2", "pick up the cup"),  # no prefix: unparseable -> 0
+            ("e3", "caption: maybe the cup."),  # judge could not decide -> 0, not covered
+        ]
+    )
     res = score_outputs("captioner", CAP, out, judge=CupJudge(), n_boot=0)
     m = res.metrics
     assert m["r_cap"] == pytest.approx(1 / 4)
@@ -107,31 +136,51 @@ def test_captioner_r_cap_counts_every_reference_event():
 
 
 RUB = Rubric.model_validate(
-    {"task": "r", "steps": [{"name": "grasp", "allowed": [0, 0.5]},
-                            {"name": "place", "allowed": [0, 0.25, 0.5]}]}
-)  # fmt: skip
+    {
+        "task": "r",
+        "steps": [
+            {"name": "grasp", "allowed": [0, 0.5]},
+            {"name": "place", "allowed": [0, 0.25, 0.5]},
+        ],
+    }
+)
 REW = [
     ex("o0", "rewarder", "outcome", "toy/000000", {"score": 5}),
     ex("o1", "rewarder", "outcome", "toy/000001", {"score": 2}),
     ex("o2", "rewarder", "outcome", "toy/000002", {"score": 3}),
-    ex("d0", "rewarder", "dense", "toy/000000",
-       {"groups": [1, 2, 3, 4], "labels": [3, 1, 2, 3] + [3] * 28}),
-    ex("r0", "rewarder", "rubric", "toy/000000",
-       {"rubric": RUB.model_dump(mode="json"), "scores": {"grasp": 0.5, "place": 0.25}}),
-]  # fmt: skip
+    ex(
+        "d0",
+        "rewarder",
+        "dense",
+        "toy/000000",
+        {"groups": [1, 2, 3, 4], "labels": [3, 1, 2, 3] + [3] * 28},
+    ),
+    ex(
+        "r0",
+        "rewarder",
+        "rubric",
+        "toy/000000",
+        {"rubric": RUB.model_dump(mode="json"), "scores": {"grasp": 0.5, "place": 0.25}},
+    ),
+]
 
 
 def test_rewarder_metrics_on_a_hand_table():
     labels = [3, 1, 3, 3] + [1] * 28  # group 5+ are not retained: never scored
     reasons = ["" if x == 3 else "drops it" for x in labels]
-    out = pd.DataFrame([
-        {"example_id": "o0", "text": "score: 4", "expected_score": 4.5},
-        {"example_id": "o1", "text": "score: 2", "expected_score": np.nan},  # no distribution
-        {"example_id": "o2", "text": "score: 9", "expected_score": np.nan},  # unparseable
-        {"example_id": "d0", "text": render_dense(labels, reasons), "expected_score": np.nan},
-        {"example_id": "r0", "text": render_rubric(RUB, {"grasp": 0.5, "place": 0.5}),
-         "expected_score": np.nan},
-    ])  # fmt: skip
+    out = pd.DataFrame(
+        [
+            {"example_id": "o0", "text": "score: 4", "expected_score": 4.5},
+            {"example_id": "o1", "text": "score: 2", "expected_score": np.nan},  # no distribution
+            {"example_id": "o2", "text": "score: 9", "expected_score": np.nan},  # unparseable
+            {"example_id": "d0", "text": render_dense(labels, reasons), "expected_score": np.nan},
+            {
+                "example_id": "r0",
+                "text": render_rubric(RUB, {"grasp": 0.5, "place": 0.5}),
+                "expected_score": np.nan,
+            },
+        ]
+    )
     res = score_outputs("rewarder", REW, out, n_boot=0)
     m = res.metrics
     assert m["outcome.parse_rate"] == pytest.approx(2 / 3)

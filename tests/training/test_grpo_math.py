@@ -142,8 +142,15 @@ def test_token_normalisation_is_invariant_to_micro_batching():
     n = int(mask.sum())
     total = 0.0
     for rows in ([0], [1, 2], [3]):
-        part = grpo_loss(logits[rows], logits[rows].detach(), adv[rows], mask[rows], beta=0.02,
-                         ref_logp=ref[rows], n_tokens=n)  # fmt: skip
+        part = grpo_loss(
+            logits[rows],
+            logits[rows].detach(),
+            adv[rows],
+            mask[rows],
+            beta=0.02,
+            ref_logp=ref[rows],
+            n_tokens=n,
+        )
         part.loss.backward()
         total += float(part.loss)
     assert abs(total - float(full.loss)) < 1e-6

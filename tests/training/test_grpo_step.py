@@ -41,10 +41,17 @@ class Scripted:
 def _prompt(i: int) -> GRPOPrompt:
     rng = np.random.default_rng(i)
     imgs = [rng.integers(0, 255, (32, 32, 3), dtype=np.uint8) for _ in range(2)]
-    req = VLMRequest(prompt=f"segment window {i}", images=imgs, frame_times_us=[0, 250_000],
-                     system="You segment.", max_new_tokens=8, request_id=f"w{i}")  # fmt: skip
-    return GRPOPrompt("segmenter", req, f"w{i}", n_ticks=40,
-                      reference=[LocalSegment(0, 40, True, True)])  # fmt: skip
+    req = VLMRequest(
+        prompt=f"segment window {i}",
+        images=imgs,
+        frame_times_us=[0, 250_000],
+        system="You segment.",
+        max_new_tokens=8,
+        request_id=f"w{i}",
+    )
+    return GRPOPrompt(
+        "segmenter", req, f"w{i}", n_ticks=40, reference=[LocalSegment(0, 40, True, True)]
+    )
 
 
 @pytest.fixture
@@ -62,8 +69,9 @@ def engine_and_model(tiny_vlm_dir):
     model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32)
     model, groups = apply_trainable(model, recipe)  # rank-32 LoRA, like the SFT export
     _, world = init_distributed()
-    cfg = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=8, lr=1e-2, beta=0.02,
-                     zero_stage=2)  # fmt: skip
+    cfg = GRPOConfig(
+        group_size=4, prompts_per_step=2, max_new_tokens=8, lr=1e-2, beta=0.02, zero_stage=2
+    )
     reference = copy.deepcopy(model).eval()  # the frozen SFT reference of the KL term
     engine = build_engine(model, groups, recipe, cfg, world)
     return engine, processor, cfg, reference
@@ -71,12 +79,21 @@ def engine_and_model(tiny_vlm_dir):
 
 def _run(engine, processor, cfg, reference, backend, prompts):
     return grpo_step(
-        1, engine.module, processor, prompts, backend, cfg, judge=None, reference=reference,
-        backward=engine.backward, update=engine.step,
+        1,
+        engine.module,
+        processor,
+        prompts,
+        backend,
+        cfg,
+        judge=None,
+        reference=reference,
+        backward=engine.backward,
+        update=engine.step,
         zero_backward=lambda: engine.backward(
-            sum((p * 0.0).sum() for p in engine.module.parameters() if p.requires_grad)),
+            sum((p * 0.0).sum() for p in engine.module.parameters() if p.requires_grad)
+        ),
         forward=engine,
-    )  # fmt: skip
+    )
 
 
 def _lora(engine):
