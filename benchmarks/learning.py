@@ -286,13 +286,31 @@ def _fmt(v: float | None, ci: list | None) -> str:
     return f"{s} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else s
 
 
+def _argv() -> str:
+    """The command line that produced the numbers (without the doc-writing flags)."""
+    import sys
+
+    out, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if a in ("--plot", "--date"):
+            skip = True
+            continue
+        if a != "--write-docs":
+            out.append(a)
+    return " ".join(out)
+
+
 def markdown(results: list[dict[str, Any]], args: argparse.Namespace, seconds: float) -> str:
     lines = [
         "## Learning: untrained vs SFT vs SFT+GRPO, small models "
         f"({'quick' if args.quick else 'full'})",
         "",
-        f"`python benchmarks/learning.py{' --quick' if args.quick else ''}` — measured "
-        f"{time.strftime('%Y-%m-%d')} on 2 shared CPU cores (torch {torch.__version__}, one "
+        f"`OMP_NUM_THREADS=1 python benchmarks/learning.py {_argv()}` — measured "
+        f"{args.date or time.strftime('%Y-%m-%d')} (finished {time.strftime('%Y-%m-%d %H:%M')} "
+        f"UTC) on 2 shared CPU cores (torch {torch.__version__}, one "
         f"thread, {platform.machine()}); toy world of {args.episodes} episodes (seed "
         f"{args.seed}), held-out share {args.split} by episode hash; 95 % intervals from a "
         f"bootstrap over held-out episodes ({args.bootstrap} resamples). SFT steps: "
@@ -323,7 +341,7 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, seconds: f
                       f"{s['seconds'] / 60:.1f} min."]  # fmt: skip
         lines.append("")
     lines += verdicts(results)
-    lines += ["", "![learning](img/learning.png)", ""]
+    lines += ["", f"![learning](img/{args.plot})", ""]
     return "\n".join(lines)
 
 
@@ -382,6 +400,10 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         for n, v in res["variants"].items():
             x = v["metrics"].get(key)
             if x is None or math.isnan(x):
+                names.append(f"{n}\n(nothing parsed)")
+                vals.append(0.0)
+                errs[0].append(0.0)
+                errs[1].append(0.0)
                 continue
             lo, hi = v["intervals"].get(key, [x, x])
             names.append(n)
@@ -413,6 +435,8 @@ def main() -> None:
     ap.add_argument("--probe-prompts", type=int, default=8)
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--plot", default="learning.png", help="file name under docs/img/")
+    ap.add_argument("--date", default=None, help="date written in the report (default: today)")
     args = ap.parse_args()
     q = args.quick
     args.episodes = args.episodes or (16 if q else 40)
@@ -434,10 +458,15 @@ def main() -> None:
     for m in args.models.split(","):
         results.append(run_model(m, args, dataset, args.work))
         (args.work / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    md = markdown(results, args, time.perf_counter() - t0)
+    # Wall time over every (resumed) invocation on this work dir: cached stages cost nothing.
+    wall = args.work / "wall_seconds.json"
+    spent = json.loads(wall.read_text())["seconds"] if wall.is_file() else 0.0
+    spent += time.perf_counter() - t0
+    wall.write_text(json.dumps({"seconds": spent}))
+    md = markdown(results, args, spent)
     print(md)
     if args.write_docs:
-        plot(results, ROOT / "docs" / "img" / "learning.png")
+        plot(results, ROOT / "docs" / "img" / args.plot)
         with (ROOT / "docs" / "benchmarks.md").open("a") as f:
             f.write("\n" + md)
 
