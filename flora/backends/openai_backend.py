@@ -228,7 +228,10 @@ class OpenAIBackend:
             "logprobs": True,
         }
         if as_video:
-            # Qwen-VL processors on vLLM: take the frames as sent, no resampling.
+            # vLLM: decode every frame (its loader keeps 32 by default; the per-request
+            # field exists in recent vLLM, older ones need --media-io-kwargs on the server)
+            # and let the Qwen-VL processor take them as sent, without resampling.
+            body["media_io_kwargs"] = {"video": {"num_frames": -1}}
             body["mm_processor_kwargs"] = {"do_sample_frames": False}
         if req.top_logprobs > 0:
             body["top_logprobs"] = req.top_logprobs

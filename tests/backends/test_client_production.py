@@ -239,6 +239,26 @@ def test_json_schema_is_accepted(app_client):
         assert r.status_code == 200, r.text
 
 
+def test_json_schema_answers_are_resampled_at_temperature_only(app_client):
+    """A JSON schema is checked, not constrained: a failing sampled answer is re-sampled
+    twice more; a greedy one is not (it would repeat itself)."""
+    schema = {"type": "object", "required": ["flora"]}  # never met by the random model
+    before = app_client.get("/health").json()["guided_resamples"]
+    r = app_client.post(
+        "/v1/chat/completions",
+        json=_chat("hi", temperature=1.0, structured_outputs={"json": schema}),
+    )
+    assert r.status_code == 200
+    text = r.json()["choices"][0]["message"]["content"]
+    after = app_client.get("/health").json()["guided_resamples"]
+    from flora.backends.guided import JSON_RESAMPLES, json_ok
+
+    assert not json_ok(text, schema) and after - before == JSON_RESAMPLES
+    r = app_client.post("/v1/chat/completions", json=_chat("hi", guided_json=schema))
+    assert r.status_code == 200
+    assert app_client.get("/health").json()["guided_resamples"] == after
+
+
 def test_video_part_is_decoded_to_the_stamped_image_layout(app_client, tiny_backend):
     """A video_url part reaches the model exactly as the same frames sent as stamped images
     (no torchvision here: the video half of the processor is absent), so the answers match."""
