@@ -41,6 +41,7 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -129,7 +130,8 @@ class OpenAIBackend:
         self._sleep = sleep
         self._probe_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_concurrency)
-        self.waits: list[float] = []  # every backoff slept, in seconds (tests, logs)
+        # The most recent backoffs slept, in seconds (tests, benchmarks); bounded.
+        self.waits: deque[float] = deque(maxlen=10_000)
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
