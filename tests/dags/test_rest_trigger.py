@@ -109,7 +109,8 @@ def test_trigger_data_engine_over_rest_v2(airflow_services, tiny_dataset):
     # the dag-processor has to parse the DAG folder first
     deadline = time.monotonic() + 300
     while api.get(f"/dags/{DAG_ID}").status_code != 200:
-        assert time.monotonic() < deadline, (base / "dag-processor.log").read_text()[-3000:]
+        if time.monotonic() > deadline:  # a hang guard, not a speed check
+            pytest.fail((base / "dag-processor.log").read_text()[-3000:])
         time.sleep(3)
     assert api.patch(f"/dags/{DAG_ID}", json={"is_paused": False}).status_code == 200
     conf = {"dataset": str(tiny_dataset), "vlm_max_episodes": 1, "max_new_tokens": 16}
@@ -122,7 +123,8 @@ def test_trigger_data_engine_over_rest_v2(airflow_services, tiny_dataset):
         state = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]
         if state in ("success", "failed"):
             break
-        assert time.monotonic() < deadline, (base / "scheduler.log").read_text()[-3000:]
+        if time.monotonic() > deadline:  # a hang guard, not a speed check
+            pytest.fail((base / "scheduler.log").read_text()[-3000:])
         time.sleep(5)
     tis = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
     states = {t["task_id"]: t["state"] for t in tis}
