@@ -18,6 +18,10 @@ def flora_home(tmp_path, monkeypatch):
     monkeypatch.delenv("FLORA_MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("FLORA_DEVICE", "cpu")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # An in-process trainer test (training.sft.init_distributed) leaves this process's
+    # rendezvous in the env; task subprocesses must each start their own one-rank group.
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
     get_settings.cache_clear()
     yield home
     get_settings.cache_clear()
