@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 
-.PHONY: venv demo test lint lock clean
+.PHONY: venv demo test lint lock clean kinetix
 
 # Extra index for the torch wheel, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu for
 # the CPU build on an ordinary machine (empty: the default index / local wheels).
@@ -28,10 +28,19 @@ $(STAMP): pyproject.toml requirements.lock
 
 venv: $(STAMP)
 
+# Kinetix extra (JAX env for `flora policy bench --env kinetix`); constrained by the lock so it
+# cannot move torch/numpy/scipy or any other pinned package.
+KINETIX_STAMP := $(VENV)/.flora-kinetix
+$(KINETIX_STAMP): $(STAMP) pyproject.toml requirements.lock
+	$(PY) -m pip install -q $(PIP_TORCH) -c requirements.lock -e '.[kinetix]'
+	@touch $(KINETIX_STAMP)
+
+kinetix: $(KINETIX_STAMP)
+
 demo: venv
 	$(VENV)/bin/python -m flora.demo
 
-test: venv
+test: venv kinetix
 	tools/ensure_chromium.sh
 	tools/ensure_postgres.sh
 	$(VENV)/bin/ruff check .
