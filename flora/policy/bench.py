@@ -564,3 +564,15 @@ def write_docs(results: dict[str, Any], md_path: Path, img_path: Path) -> list[P
         text = text.rstrip("\n") + f"\n\n{DOC_HEADING}\n\n{block}\n"
     Path(md_path).write_text(text)
     return [Path(md_path), Path(img_path)]
+
+
+def check_kinetix_ready(levels: list[str], home: Path) -> list[Path]:
+    """Env-selection hook for ``--env kinetix`` (issue 14): the extra and a cached PPO expert
+    per level must exist. Raises :class:`flora.policy.kinetix_env.ExpertMissing` (how to make
+    one) or ``KinetixUnavailable``; experts are never faked."""
+    from flora.policy.kinetix_env import require_expert, shipped_levels
+
+    unknown = sorted(set(levels) - set(shipped_levels()))
+    if unknown:
+        raise ValueError(f"unknown Kinetix level(s) {unknown}; shipped: l/<name> levels")
+    return [require_expert(home, level) for level in levels]

@@ -43,12 +43,40 @@ def bench(
     threads: int = typer.Option(
         0, "--threads", help="torch CPU threads (0: torch default; 1 is faster on a busy box)."
     ),
+    env: str = typer.Option(
+        "pursuit", "--env", help="pursuit (home-made sim) or kinetix (needs `make kinetix`)."
+    ),
+    levels: str = typer.Option(
+        "l/grasp_easy", "--levels", help="Kinetix levels, comma-separated (--env kinetix)."
+    ),
     json_out: JsonOpt = None,
 ) -> None:
     """Simulated RTC benchmark (synchronous, naive async, inference-time RTC, training-time
     RTC, soft-overlap variant; d = 0..4; 95% Wilson intervals)."""
+    if env == "kinetix":
+        _kinetix_bench([lv.strip() for lv in levels.split(",") if lv.strip()])
+    elif env != "pursuit":
+        raise typer.BadParameter(f"unknown env {env!r}", param_hint="--env")
     with report_output(json_out) as rep:
         rep.emit(_bench(quick, out, rollouts, docs, seed, threads))
+
+
+def _kinetix_bench(levels: list[str]) -> None:
+    """``--env kinetix``: checks the extra and the cached experts, then stops (issue 14: demos,
+    BC and the protocol on Kinetix are not wired yet; see docs/policy.md#kinetix)."""
+    from flora.policy.bench import check_kinetix_ready
+    from flora.settings import get_settings
+
+    try:
+        check_kinetix_ready(levels, get_settings().home)
+    except (FileNotFoundError, RuntimeError, ValueError) as e:
+        raise typer.BadParameter(str(e), param_hint="--levels") from None
+    typer.echo(
+        "experts found, but demonstrations, BC and the RTC protocol on Kinetix are not "
+        "implemented yet (issue 14)",
+        err=True,
+    )
+    raise typer.Exit(2)
 
 
 def _bench_out(quick: bool) -> Path:

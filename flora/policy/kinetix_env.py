@@ -78,9 +78,9 @@ def require_expert(home: Path, level: str) -> Path:
     if not path.exists():
         raise ExpertMissing(
             f"no PPO expert for Kinetix level {level!r} at {path}: train one with Kinetix' "
-            "PPO (python -m kinetix.ppo, level set to this one, symbolic_flat observations, "
-            "continuous actions) and save its parameters there; see docs/policy.md#kinetix. "
-            "Experts are not faked."
+            "PPO script (experiments/ppo.py of github.com/FLAIROx/Kinetix; the PyPI wheel has "
+            "no trainer) on this level with symbolic_flat observations and continuous actions, "
+            "and save its parameters there; see docs/policy.md#kinetix. Experts are not faked."
         )
     return path
 

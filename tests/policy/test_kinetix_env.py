@@ -49,9 +49,35 @@ def test_observations_actions_and_solve_signal(env: KinetixLevelEnv) -> None:
 
 
 def test_missing_expert_fails_with_how_to(tmp_path) -> None:
-    with pytest.raises(ExpertMissing, match="kinetix.ppo"):
+    with pytest.raises(ExpertMissing, match="PPO script"):
         require_expert(tmp_path, "l/grasp_easy")
     path = expert_path(tmp_path, "l/grasp_easy")
     path.parent.mkdir(parents=True)
     path.write_bytes(b"x")
     assert require_expert(tmp_path, "l/grasp_easy") == path
+
+
+def test_bench_cli_kinetix_without_expert_fails_clearly(tmp_path, monkeypatch) -> None:
+
+    from flora.settings import get_settings
+
+    monkeypatch.setenv("FLORA_HOME", str(tmp_path))
+    get_settings.cache_clear()  # settings are cached; the home must be this test's
+    try:
+        _check_cli(tmp_path)
+    finally:
+        get_settings.cache_clear()
+
+
+def _check_cli(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from flora.cli import app
+
+    res = CliRunner().invoke(
+        app, ["policy", "bench", "--env", "kinetix", "--levels", "l/grasp_easy"]
+    )
+    assert res.exit_code != 0
+    assert "no PPO expert" in res.output and not (tmp_path / "policy_bench").exists()
+    res = CliRunner().invoke(app, ["policy", "bench", "--env", "kinetix", "--levels", "l/nope"])
+    assert res.exit_code != 0 and "unknown Kinetix level" in res.output
