@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
@@ -165,21 +165,29 @@ def _settings_key(s: FloraSettings) -> tuple:
 
 
 def segment_backend(settings: FloraSettings | None = None) -> VLMBackend | None:
-    """The segmenter's backend: ``make_backend`` (``None`` = kinematic baseline)."""
+    """The segmenter's backend: ``make_backend`` (``None`` = kinematic baseline).
+
+    With ``FLORA_BACKEND=openai`` it reaches ``FLORA_SEGMENTER_BASE_URL`` when set.
+    """
     from flora.backends import make_backend
 
-    return make_backend(settings or get_settings())
+    return make_backend((settings or get_settings()).for_model("segmenter"))
 
 
-def vlm_backend(settings: FloraSettings | None = None) -> VLMBackend:
+def vlm_backend(
+    settings: FloraSettings | None = None, model: Literal["captioner", "rewarder"] = "captioner"
+) -> VLMBackend:
     """The captioner's / rewarder's backend: the configured one, else the tiny model.
+
+    With ``FLORA_BACKEND=openai``, ``model``'s own endpoint (``FLORA_CAPTIONER_BASE_URL`` /
+    ``FLORA_REWARDER_BASE_URL``) when set, else ``FLORA_OPENAI_BASE_URL``.
 
     Cached per process and configuration (Airflow ``dags test`` runs every task in one
     process; loading the model once is enough).
     """
     from flora.backends import make_backend
 
-    s = settings or get_settings()
+    s = (settings or get_settings()).for_model(model)
     key = _settings_key(s)
     with _backend_lock:
         if key in _backend_cache:
@@ -484,7 +492,7 @@ def run_reward(
     root, out = Path(dataset_path), Path(out_dir)
     ds = open_dataset(root)
     eps = opt.vlm_episodes(episodes)
-    backend = vlm_backend(settings)
+    backend = vlm_backend(settings, "rewarder")
     kw: dict[str, Any] = {"run_id": run_id, "episodes": eps, "max_attempts": opt.max_attempts,
                           "progress": progress}  # fmt: skip
     default_tokens = {"outcome": rr.OUTCOME_MAX_NEW_TOKENS, "dense": rr.DENSE_MAX_NEW_TOKENS,

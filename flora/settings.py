@@ -34,6 +34,11 @@ class FloraSettings(BaseSettings):
     openai_base_url: str | None = None
     openai_api_key: str | None = None
     openai_model: str = "flora"
+    # One OpenAI-compatible endpoint per Flora model (its inference pod or `flora serve`);
+    # each falls back to FLORA_OPENAI_BASE_URL. See :meth:`for_model`.
+    segmenter_base_url: str | None = None
+    captioner_base_url: str | None = None
+    rewarder_base_url: str | None = None
     request_timeout_s: float = 120.0
     max_retries: int = 3
     max_concurrency: int = 8
@@ -54,6 +59,12 @@ class FloraSettings(BaseSettings):
     serve_max_tokens: int = Field(default=4096, ge=1)  # max_tokens above: 400
     serve_request_timeout_s: float = Field(default=300.0, gt=0)  # queue + generation
     serve_max_pending: int = Field(default=16, ge=1)  # admitted requests; 503 above
+
+    def for_model(self, model: Literal["segmenter", "captioner", "rewarder"]) -> FloraSettings:
+        """These settings as ``model``'s requests see them: its own endpoint when one is
+        set (``FLORA_<MODEL>_BASE_URL``), else ``FLORA_OPENAI_BASE_URL``."""
+        url = getattr(self, f"{model}_base_url")
+        return self.model_copy(update={"openai_base_url": url}) if url else self
 
     @property
     def outputs_dir(self) -> Path:
