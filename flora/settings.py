@@ -39,6 +39,9 @@ class FloraSettings(BaseSettings):
     segmenter_base_url: str | None = None
     captioner_base_url: str | None = None
     rewarder_base_url: str | None = None
+    # The segmenter's backend when it differs from FLORA_BACKEND (e.g. kinematic while the
+    # captioner and rewarder are served).
+    segmenter_backend: Literal["kinematic", "transformers", "openai"] | None = None
     request_timeout_s: float = 120.0
     max_retries: int = 3
     max_concurrency: int = 8
@@ -62,9 +65,14 @@ class FloraSettings(BaseSettings):
 
     def for_model(self, model: Literal["segmenter", "captioner", "rewarder"]) -> FloraSettings:
         """These settings as ``model``'s requests see them: its own endpoint when one is
-        set (``FLORA_<MODEL>_BASE_URL``), else ``FLORA_OPENAI_BASE_URL``."""
-        url = getattr(self, f"{model}_base_url")
-        return self.model_copy(update={"openai_base_url": url}) if url else self
+        set (``FLORA_<MODEL>_BASE_URL``), else ``FLORA_OPENAI_BASE_URL``; for the segmenter,
+        ``FLORA_SEGMENTER_BACKEND`` when set."""
+        update: dict[str, str] = {}
+        if url := getattr(self, f"{model}_base_url"):
+            update["openai_base_url"] = url
+        if model == "segmenter" and self.segmenter_backend:
+            update["backend"] = self.segmenter_backend
+        return self.model_copy(update=update) if update else self
 
     @property
     def outputs_dir(self) -> Path:

@@ -50,3 +50,11 @@ def test_env_names(monkeypatch, model):
 
     monkeypatch.setenv(f"FLORA_{model.upper()}_BASE_URL", f"http://{model}/v1")
     assert FloraSettings().for_model(model).openai_base_url == f"http://{model}/v1"
+
+
+def test_segmenter_backend_override():
+    from flora.settings import FloraSettings
+
+    s = FloraSettings(backend="openai", segmenter_backend="kinematic")
+    assert s.for_model("segmenter").backend == "kinematic"
+    assert s.for_model("captioner").backend == "openai"
