@@ -25,6 +25,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +162,172 @@ def generate_dataset(
     return True
 
 
+TRAIN_DAG_ID = "flora_train_models"
+DEMO_MODELS = ("segmenter", "captioner", "rewarder")
+#: Held-out episodes each model is scored on (trained and untrained) in the demo.
+DEMO_EVAL_EPISODES = 2
+
+
+def train_conf(dataset: Path, *, recipe: str = "demo", eval_episodes: int = DEMO_EVAL_EPISODES,
+               models: tuple[str, ...] = DEMO_MODELS) -> dict[str, Any]:  # fmt: skip
+    """The ``flora_train_models`` conf of the demo: the short ``*-demo`` recipes, project gates,
+    the toy world's ground truth (the first pass's captions come from an untrained model)."""
+    return {"dataset": str(dataset), "recipe": recipe, "models": list(models),
+            "eval_episodes": eval_episodes, "n_boot": 200, "gates": "project"}  # fmt: skip
+
+
+@dataclass
+class Served:
+    """One ``flora serve`` process started from a registered version."""
+
+    model: str
+    ref: str  # "champion", or "challenger" when no version passed the gates yet
+    version: str
+    url: str
+    proc: subprocess.Popen | None = None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+def _wait_healthy(sv: Served, timeout_s: float = 600.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sv.proc is not None and sv.proc.poll() is not None:
+            raise RuntimeError(f"flora serve for {sv.model} exited {sv.proc.returncode}")
+        try:
+            with urllib.request.urlopen(sv.url.removesuffix("/v1") + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"flora serve for {sv.model} not healthy after {timeout_s:.0f}s")
+
+
+def pick_version(model: str) -> tuple[str, str] | None:
+    """(ref, version) to serve: the ``champion``, else the latest ``challenger``, else None.
+
+    Segmenter: only a champion (the kinematic baseline is the embedded default otherwise).
+    """
+    from model_registry.promotion import CHAMPION, _alias_version, _client, registered_name
+    from model_registry.register import CHALLENGER
+
+    client, name = _client(), registered_name(model)
+    try:
+        refs = (CHAMPION,) if model == "segmenter" else (CHAMPION, CHALLENGER)
+        for ref in refs:
+            v = _alias_version(client, name, ref)
+            if v is not None:
+                return ref, str(v)
+    except Exception:  # noqa: BLE001 - a model never registered has no aliases
+        return None
+    return None
+
+
+@contextmanager
+def serve_models(
+    models: tuple[str, ...], env: dict[str, str], log: Path, token: str
+) -> Iterator[dict[str, Served]]:
+    """Serve each model's registered version with ``flora serve`` on a free loopback port.
+
+    The model comes from the registry's download (as a pod's storage initializer gets
+    it); the bearer token from ``FLORA_SERVE_TOKEN``. Every server is stopped on exit,
+    also on error.
+    """
+    from model_registry.register import download_model
+    from training.sft import model_paths
+
+    served: dict[str, Served] = {}
+    try:
+        for model in models:
+            picked = pick_version(model)
+            if picked is None:
+                continue
+            ref, version = picked
+            base, adapter = model_paths(download_model(model, version))
+            port = _free_port()
+            cmd = [_bin("flora"), "serve", "--model", str(base), "--port", str(port),
+                   "--served-model", "flora", "--device", "cpu"]  # fmt: skip
+            if adapter is not None:
+                cmd += ["--adapter", str(adapter)]
+            fh = log.open("a")
+            fh.write(f"\n$ {' '.join(cmd)}\n")
+            fh.flush()
+            sv = Served(model, ref, version, f"http://127.0.0.1:{port}/v1")
+            sv.proc = subprocess.Popen(cmd, env={**env, "FLORA_SERVE_TOKEN": token,
+                                                 "OMP_NUM_THREADS": "1"},
+                                       stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
+            served[model] = sv
+        for sv in served.values():
+            _wait_healthy(sv)
+        yield served
+    finally:
+        for sv in served.values():
+            if sv.proc is not None and sv.proc.poll() is None:
+                sv.proc.terminate()
+        for sv in served.values():
+            if sv.proc is not None:
+                try:
+                    sv.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    sv.proc.kill()
+                    sv.proc.wait()
+
+
+def served_env(env: dict[str, str], served: dict[str, Served], token: str,
+               tracking_uri: str) -> dict[str, str]:  # fmt: skip
+    """Settings of the second data-engine pass: the served models, reached over HTTP.
+
+    Its own ``FLORA_HOME`` (``<home>/served``) so its tables are new (the steps resume from
+    their tables), the same MLflow store and Airflow home.
+    """
+    home = Path(env["FLORA_HOME"]) / "served"
+    out = {**env, "FLORA_HOME": str(home), "FLORA_MLFLOW_TRACKING_URI": tracking_uri,
+           "FLORA_BACKEND": "openai", "FLORA_OPENAI_API_KEY": token,
+           "FLORA_OPENAI_MODEL": "flora"}  # fmt: skip
+    for model, sv in served.items():
+        out[f"FLORA_{model.upper()}_BASE_URL"] = sv.url
+    if "segmenter" not in served:
+        out["FLORA_SEGMENTER_BACKEND"] = "kinematic"
+    return out
+
+
+def score_tables(outputs: Path, dataset: Path) -> dict[str, Any]:
+    """Score the second pass's tables against the toy world's ground truth."""
+    scores: dict[str, Any] = {}
+    try:
+        from flora.segment.evaluate import evaluate_events, read_events
+
+        scores["events"] = evaluate_events(read_events(outputs), dataset).metrics
+    except Exception as e:  # noqa: BLE001 - reported in the summary, the demo goes on
+        scores["events"] = {"error": str(e)[:200]}
+    try:
+        from flora.caption.evaluate import evaluate_captions
+        from flora.caption.judges import EmbeddingJudge
+
+        scores["captions"] = evaluate_captions(outputs / "captions", dataset,
+                                               EmbeddingJudge()).metrics  # fmt: skip
+    except Exception as e:  # noqa: BLE001
+        scores["captions"] = {"error": str(e)[:200]}
+    return scores
+
+
+def _eval_reports(home: Path) -> dict[str, dict[str, Any]]:
+    """The latest training run's held-out reports, per model."""
+    runs = sorted((home / "training" / TRAIN_DAG_ID).glob("*"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        return {}
+    return {p.parent.name: json.loads(p.read_text()) for p in runs[-1].glob("*/eval.json")}
+
+
 def main(
     episodes: int = typer.Option(DEMO_EPISODES, help="Toy-world episodes to generate."),
     seed: int = typer.Option(DEMO_SEED, help="Generator seed."),
@@ -174,6 +343,10 @@ def main(
     max_new_tokens: int = typer.Option(
         0, min=0, help="Cap on each VLM step's generation budget (0 = step defaults)."
     ),
+    train: bool = typer.Option(
+        True, help="Train, register, promote and serve the Flora models (--no-train: quick)."
+    ),
+    recipe: str = typer.Option("demo", help="Recipe size of the trained models."),
 ) -> None:
     """Run the Flora data engine demo end to end (embedded mode, no services)."""
     t_start = time.perf_counter()
@@ -251,8 +424,52 @@ def main(
         watch=_TASK_START,
     )
 
-    # 4. Where things are.
-    _summary(home, dataset, env, time.perf_counter() - t_start)
+    # 4. Train -> evaluate -> register -> gate -> promote -> render deployment (Airflow DAG).
+    closed: dict[str, Any] = {}
+    if train:
+        tconf = json.dumps(train_conf(dataset, recipe=recipe))
+        _run(
+            [_bin("airflow"), "dags", "test", TRAIN_DAG_ID, "--conf", tconf],
+            env={**env, "OMP_NUM_THREADS": "1"},
+            cwd=repo,
+            log=log,
+            what=f"airflow dags test {TRAIN_DAG_ID} (recipes *-{recipe})",
+            watch=_TASK_START,
+        )
+        closed = _close_loop(repo, dataset, env, log, conf)
+
+    # 5. Where things are.
+    _summary(home, dataset, env, time.perf_counter() - t_start, closed)
+
+
+def _close_loop(
+    repo: Path, dataset: Path, env: dict[str, str], log: Path, conf: str
+) -> dict[str, Any]:
+    """Serve the registered models and run the data engine again through them over HTTP."""
+    import secrets
+
+    s = FloraSettings(home=Path(env["FLORA_HOME"]))
+    os.environ["FLORA_HOME"] = env["FLORA_HOME"]  # this process reads the same registry
+    get_settings.cache_clear()
+    token = secrets.token_urlsafe(24)
+    with console.status("[bold]flora serve: starting one server per registered model[/] …"), \
+            serve_models(DEMO_MODELS, env, log, token) as served:  # fmt: skip
+        for sv in served.values():
+            console.print(f"[green]✓[/] serving flora-{sv.model} v{sv.version} ({sv.ref}) "
+                          f"at {sv.url}")  # fmt: skip
+        if "segmenter" not in served:
+            console.print("  segmenter: no champion, the kinematic baseline segments")
+        env2 = served_env(env, served, token, s.tracking_uri)
+        _run([_bin("airflow"), "dags", "test", DAG_ID, "--conf", conf], env=env2, cwd=repo,
+             log=log, what=f"airflow dags test {DAG_ID} (served models over HTTP)",
+             watch=_TASK_START)  # fmt: skip
+    console.print("[green]✓[/] servers stopped")
+    outputs = FloraSettings(home=Path(env2["FLORA_HOME"])).outputs_dir.resolve()
+    return {
+        "served": {m: (sv.ref, sv.version, sv.url) for m, sv in served.items()},
+        "outputs": str(outputs),
+        "scores": score_tables(outputs, dataset),
+    }
 
 
 def _latest_run(client: Any, s: FloraSettings, dataset: Path) -> Any | None:
@@ -280,7 +497,8 @@ def _short(path: str) -> str:
     return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else path
 
 
-def _summary(home: Path, dataset: Path, env: dict[str, str], elapsed: float) -> None:
+def _summary(home: Path, dataset: Path, env: dict[str, str], elapsed: float,
+             closed: dict[str, Any] | None = None) -> None:  # fmt: skip
     from mlflow.tracking import MlflowClient
 
     s = FloraSettings(home=home)
@@ -301,6 +519,9 @@ def _summary(home: Path, dataset: Path, env: dict[str, str], elapsed: float) -> 
         for name, t in tables.items():
             for ex in t.get("failure_examples", [])[:1]:
                 console.print(Text(f"  {name}: {ex[:160]}", style="dim"))
+
+    if closed:
+        _models_summary(home, closed)
 
     t = Table(title="Flora demo results", show_header=False)
     t.add_column(style="bold")
@@ -335,8 +556,47 @@ def _summary(home: Path, dataset: Path, env: dict[str, str], elapsed: float) -> 
     t.add_row("outputs", f"{out} (manifest/, validation/, runs/, one folder per engine table)")
     t.add_row("DVC remote", str(s.dvc_remote.resolve()))
     t.add_row("Airflow", f"AIRFLOW_HOME={env['AIRFLOW_HOME']} (SQLite, dags test)")
+    if closed:
+        t.add_row("served pass", f"{closed['outputs']} (tables from the served models)")
+        t.add_row("registry", "flora registry list --model captioner  (also segmenter, rewarder)")
+        t.add_row("reports", f"{out}/runs/ and {closed['outputs']}/runs/")
     t.add_row("elapsed", f"{elapsed:.0f}s")
     console.print(t)
+
+
+def _models_summary(home: Path, closed: dict[str, Any]) -> None:
+    """Per model: what was registered / promoted, held-out metrics trained vs untrained."""
+    from training.evaluate import HEADLINE
+
+    reports = _eval_reports(home)
+    mt = Table(title="Flora models (held-out episodes: trained vs its untrained self)")
+    for col in ("model", "served", "metric", "trained", "untrained", "parse rate (t/u)"):
+        mt.add_column(col, overflow="fold")
+    for model in DEMO_MODELS:
+        rep = reports.get(model, {})
+        key = "eval." + HEADLINE[model]
+        flat, base = rep.get("flat", {}), rep.get("baseline", {})
+        sv = closed["served"].get(model)
+        label = f"v{sv[1]} ({sv[0]})" if sv else "not served"
+        mt.add_row(
+            model,
+            label,
+            HEADLINE[model],
+            _fmt(flat.get(key)),
+            _fmt(base.get(key)),
+            f"{_fmt(flat.get('eval.parse_rate'))} / {_fmt(base.get('eval.parse_rate'))}",
+        )
+    console.print(mt)
+    st = Table(title="Served pass scored against the toy world's ground truth")
+    st.add_column("table")
+    st.add_column("metrics", overflow="fold")
+    for name, m in closed["scores"].items():
+        st.add_row(name, ", ".join(f"{k}={_fmt(v)}" for k, v in list(m.items())[:8]))
+    console.print(st)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, int | float) else ("–" if v is None else str(v))
 
 
 app = typer.Typer(add_completion=False)
