@@ -13,7 +13,7 @@ path as the ``TableStore`` root, so the table is ``<artifact>/<table>/`` (Parque
 plus ``_failures/``); the caption component reads the segment artifact's ``events/``;
 ``curate_op`` reads every table from its artifact (``{table: artifact}``) and writes the
 decisions and the curated mixture into its ``mixture`` artifact (``curation/``,
-``mixture/<dataset>.parquet``), which ``export_op`` and ``report_op`` read.
+``curated/<dataset>/mixture.parquet``), which ``export_op`` and ``report_op`` read.
 On a cluster the artifacts live in the pipeline root (object storage); ``kfp.local``
 keeps them under its ``pipeline_root``. KFP serialises the function source into the pipeline
 spec, so everything a body uses is imported inside it, from the ``flora`` package

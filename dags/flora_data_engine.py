@@ -13,7 +13,7 @@ receives and extends::
                                              -> reward_rubric  ┘      -> export -> report
 
 ``curate`` (``flora.curate.steps.curate_step``) filters and rebalances the tables into the
-curated mixture (``<outputs>/mixture/<dataset>.parquet``, logged as an MLflow dataset,
+curated mixture (``<outputs>/curated/<dataset>/mixture.parquet``, logged as an MLflow dataset,
 DVC-versioned when ``dvc_repo`` is set) and publishes it as the Airflow Asset
 ``flora_curated_mixture``; an empty or invalid mixture fails the task. ``export`` writes
 the LeRobot export with the events in ``language_persistent``

@@ -259,11 +259,14 @@ def _decide_episode(
             status, cap_ok = "missing", False
             cap_r = _missing(ann, "captions", eid)
         reasons.append(cap_r)
+        srcs = [(t, f) for t, f in [("events", src), ("captions", cap), *episode_sources]
+                if f is not None and len(f)]  # fmt: skip
+        if not srcs:  # every row of the mixture must trace to annotation rows
+            drop_r.append("lineage: no annotation rows for this episode (every step failed)")
+            fail_r = []
         is_fail = bool(fail_r)
         policy = not is_fail and not drop_r
         pretrain = policy and cap_ok
-        srcs = [(t, f) for t, f in [("events", src), ("captions", cap), *episode_sources]
-                if f is not None and len(f)]  # fmt: skip
         verb = caption_verb(caption)
         if verb is None and src is not None:
             row_ev = src[src.event_index == k]

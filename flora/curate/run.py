@@ -5,7 +5,7 @@
 an episode whose decisions did not change is not rewritten), validates them, builds the
 mixture (``flora.curate.rebalance``), checks its lineage against the tables it was read
 from, validates it with its GX suite and writes it atomically to
-``<out>/mixture/<dataset>.parquet`` (+ ``.json`` summary). An empty mixture raises
+``<out>/curated/<dataset>/mixture.parquet`` (+ ``mixture.json`` summary). An empty mixture raises
 ``EmptyMixtureError``; a mixture failing its suite raises ``TableValidationError``.
 
 ``log_mixture`` logs it to the active MLflow run as an MLflow dataset (input, context
@@ -59,7 +59,7 @@ class CurateResult:
             "dataset": self.dataset,
             "run_id": self.run_id,
             "mixture_path": str(self.mixture_path),
-            "decisions_dir": str(self.mixture_path.parent.parent / DECISIONS),
+            "decisions_dir": str(self.mixture_path.parents[2] / DECISIONS),
             "summary": self.summary,
             "processed": len(self.processed),
             "skipped": len(self.skipped),
@@ -176,7 +176,7 @@ def curate_dataset(
     mixture, mix_summary = build_mixture(decisions, rules, clusters=clusters)
     check_lineage(mixture, ann)
     report = assert_valid(MIXTURE, mixture, dataset=name)
-    path = _write_atomic(mixture, Path(out) / MIXTURE / f"{name}.parquet")
+    path = _write_atomic(mixture, mixture_path(out, name))
     summary = {"dataset": name, "rules_sha": rules.sha(), "rules": rules.model_dump(mode="json"),
                "decisions": summarize(decisions), "mixture": mix_summary,
                "tables": ann.roots}  # fmt: skip
@@ -184,6 +184,15 @@ def curate_dataset(
     del report
     return CurateResult(name, run_id, decisions, mixture, path, summary, processed, skipped,
                         {"curation": "passed", "mixture": "passed"})  # fmt: skip
+
+
+def mixture_path(out: str | Path, dataset: str) -> Path:
+    """Where the curated mixture of ``dataset`` lives under an output root.
+
+    ``<out>/curated/<dataset>/mixture.parquet`` — deliberately not a ``TableStore`` table
+    folder (one file for the whole dataset, not one part per episode).
+    """
+    return Path(out) / "curated" / dataset / "mixture.parquet"
 
 
 def read_mixture(path: str | Path, split: str | None = None) -> pd.DataFrame:
@@ -265,6 +274,7 @@ __all__ = [
     "check_lineage",
     "curate_dataset",
     "log_mixture",
+    "mixture_path",
     "read_mixture",
     "version_with_dvc",
 ]

@@ -36,15 +36,18 @@ TableSource = str | Path | Mapping[str, str | Path]
 def table_root(source: TableSource, table: str) -> Path:
     """The ``TableStore`` root holding ``table`` for ``source``.
 
-    A mapping value may be the root or the ``<root>/<table>`` folder itself.
+    A mapping value may be the root (a KFP artifact: ``<artifact>/<table>/``) or the
+    ``<root>/<table>`` folder itself.
     """
     if isinstance(source, Mapping):
         if table not in source:
             return Path("/nonexistent-flora-table-root")
         p = Path(source[table])
-    else:
-        p = Path(source)
-    return p.parent if p.name == table else p
+        # A root holds <root>/<table>/; a mapping value may also be that folder itself.
+        if not (p / table).exists() and p.name == table and (p / "_layout.json").exists():
+            return p.parent
+        return p
+    return Path(source)
 
 
 @dataclass

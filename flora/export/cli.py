@@ -34,7 +34,9 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             raise typer.BadParameter("pass --out DIR (or --in-place)", param_hint="--out")
         src = tables or get_settings().outputs_dir
         if mixture is None:
-            cand = src / "mixture" / f"{dataset.resolve().name}.parquet"
+            from flora.curate.run import mixture_path
+
+            cand = mixture_path(src, dataset.resolve().name)
             mixture = cand if cand.exists() else None
         try:
             res = export_lerobot(dataset, src, out, mixture=mixture, overwrite=overwrite,

@@ -32,7 +32,9 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
         src = tables or get_settings().outputs_dir
         name = dataset.resolve().name
-        mixture = src / "mixture" / f"{name}.parquet"
+        from flora.curate.run import mixture_path
+
+        mixture = mixture_path(src, name)
         res = build_reports(dataset, src, out or src / "reports" / name,
                             mixture=mixture if mixture.exists() else None,
                             episodes=parse_episodes(episodes),

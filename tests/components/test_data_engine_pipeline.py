@@ -149,7 +149,7 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_
     assert "engine_summary.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
     # Curate -> export -> report, each from the artifacts of the steps before it.
-    (mix_path,) = kfp_root.rglob(f"curate-op/mixture/mixture/{tiny_dataset.name}.parquet")
+    (mix_path,) = kfp_root.rglob(f"curate-op/mixture/curated/{tiny_dataset.name}/mixture.parquet")
     mix = pd.read_parquet(mix_path)
     assert len(mix) > 0 and set(mix.episode_id) <= set(ids)
     assert abs(mix.groupby("split").weight.sum() - 1).max() < 1e-9

@@ -24,8 +24,8 @@ def test_curate_and_report_commands(tiny_dataset, tables, tmp_path):
     r = CliRunner().invoke(app, ["curate", str(tiny_dataset), "--tables", str(tables),
                                  "--out", str(tmp_path / "c"), "--no-track"])  # fmt: skip
     assert r.exit_code == 0, r.output
-    assert f"mixture {tmp_path / 'c' / 'mixture' / 'toy_tiny.parquet'}" in r.output
-    mix = pd.read_parquet(tmp_path / "c" / "mixture" / "toy_tiny.parquet")
+    assert f"mixture {tmp_path / 'c' / 'curated' / 'toy_tiny' / 'mixture.parquet'}" in r.output
+    mix = pd.read_parquet(tmp_path / "c" / "curated" / "toy_tiny" / "mixture.parquet")
     assert set(mix.split) == {"pretrain", "policy", "failures"}
 
     rules = tmp_path / "strict.yaml"
@@ -39,7 +39,7 @@ def test_curate_and_report_commands(tiny_dataset, tables, tmp_path):
                                  "--rules", str(rules), "--no-track"])  # fmt: skip
     assert r.exit_code == 2 and "caption.min_words" in r.output
 
-    shutil.copytree(tmp_path / "c" / "mixture", tables / "mixture", dirs_exist_ok=True)
+    shutil.copytree(tmp_path / "c" / "curated", tables / "curated", dirs_exist_ok=True)
     r = CliRunner().invoke(app, ["report", str(tiny_dataset), "--tables", str(tables),
                                  "--out", str(tmp_path / "r"),
                                  "--max-episode-pages", "1"])  # fmt: skip

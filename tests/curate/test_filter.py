@@ -129,7 +129,7 @@ def test_all_filtered_out_is_an_error_not_an_empty_file(tmp_path):
     t.full(0, SPANS, reward=0.9)
     with pytest.raises(EmptyMixtureError, match="curated mixture is empty.*duration"):
         _curate(tmp_path, meta({0: "a"}), splits=["pretrain"], duration={"min_episode_s": 60})
-    assert not (tmp_path / "out" / "mixture").exists()
+    assert not (tmp_path / "out" / "curated").exists()
 
 
 def test_rules_file_errors_name_the_field(tmp_path):
@@ -161,3 +161,26 @@ def test_resume_rewrites_only_changed_episodes_and_lineage(tmp_path):
     for r in mix.itertuples():
         assert set(r.source_run_ids) <= {"seg-run", "cap-run", "rw-run"}
         assert "events" in r.source_tables
+
+
+def test_per_table_artifact_roots_and_episodes_without_any_annotation(tmp_path):
+    """KFP hands each table as its own artifact root (``<artifact>/<table>/``)."""
+    import shutil
+
+    from flora.curate.filter import decide
+    from flora.curate.rules import load_rules
+    from flora.curate.sources import load_annotations
+
+    t = Tables(tmp_path / "t")
+    t.full(0, SPANS)
+    roots = {}
+    for table in ("events", "captions", "outcome", "dense_labels"):
+        art = tmp_path / "kfp" / table  # artifact named like its table
+        shutil.copytree(tmp_path / "t" / table, art / table)
+        roots[table] = art
+    ann = load_annotations(roots)
+    assert len(ann.table("events")) == 4 and len(ann.table("rubric")) == 0
+    d = decide(ann, meta({0: "a", 5: "b"}), load_rules(), "r")
+    assert d[d.episode_id == eid(0)].pretrain.all()
+    (lost,) = d[d.episode_id == eid(5)].itertuples()  # nothing was written for episode 5
+    assert not lost.policy and not lost.failures and "lineage" in lost.drop_reason
