@@ -9,9 +9,16 @@
    kinematic segmenter on every valid episode; the tiny random VLM (built once into
    ``.flora/models/tiny``) captions and rewards the first ``--vlm-episodes`` valid
    episodes (its outputs are mostly rejected and recorded as failures with reasons).
-4. Print where each table is, its rows and failures, the kinematic baseline's
-   segmentation F1@0.5 against the toy world's ground truth (also in MLflow as
-   ``segment.f1_at_0.5``), the MLflow UI command, the DVC remote and the elapsed time.
+4. Close the loop (skipped with ``--no-train``): the ``flora_train_models`` DAG builds the
+   sets, trains the three ``small`` Flora models on the short ``*-demo`` recipes (SFT; GRPO
+   for segmenter and captioner), evaluates each on held-out episodes beside its untrained
+   self, registers it, applies the promotion gates and renders its deployment. Each
+   model's ``champion`` (else its latest ``challenger``; the segmenter only as champion,
+   the kinematic baseline otherwise) is served with ``flora serve`` on loopback, and the
+   data-engine DAG runs again through those HTTP endpoints in its own ``FLORA_HOME``.
+5. Print where each table is, its rows and failures, the held-out scores trained vs
+   untrained, the served pass's tables scored against the toy world's ground truth, the
+   MLflow UI command, the DVC remote and the elapsed time.
 
 Airflow and DVC run as subprocesses (their CLIs, exactly as a user would call them);
 ``flora`` itself never imports Airflow.
@@ -317,6 +324,12 @@ def score_tables(outputs: Path, dataset: Path) -> dict[str, Any]:
                                                EmbeddingJudge()).metrics  # fmt: skip
     except Exception as e:  # noqa: BLE001
         scores["captions"] = {"error": str(e)[:200]}
+    try:
+        from flora.reward.benchmark import score_tables as score_reward_tables
+
+        scores["rewards"] = score_reward_tables(dataset, outputs)
+    except Exception as e:  # noqa: BLE001
+        scores["rewards"] = {"error": str(e)[:200]}
     return scores
 
 
@@ -472,7 +485,11 @@ def _close_loop(
     }
 
 
-def _latest_run(client: Any, s: FloraSettings, dataset: Path) -> Any | None:
+def _latest_run(client: Any, s: FloraSettings, dataset: Path, outputs: Path) -> Any | None:
+    """The newest data-engine run on ``dataset`` whose summary was written under ``outputs``.
+
+    The demo's two passes log to one MLflow store; each pass has its own outputs folder.
+    """
     exp = client.get_experiment_by_name(s.mlflow_experiment)
     if exp is None:
         return None
@@ -480,15 +497,32 @@ def _latest_run(client: Any, s: FloraSettings, dataset: Path) -> Any | None:
         [exp.experiment_id],
         filter_string=f"tags.dataset = '{dataset.name}'",
         order_by=["attributes.start_time DESC"],
-        max_results=1,
+        max_results=20,
     )
+    for r in runs:
+        if _engine_summary(outputs, dataset, r.info.run_id):
+            return r
     return runs[0] if runs else None
 
 
 def _engine_summary(outputs: Path, dataset: Path, run_id: str) -> dict[str, Any]:
-    """The ``report`` task's per-table summary of this run (empty if it did not run)."""
+    """The ``summary`` task's per-table summary of this run (empty if it did not run)."""
     p = outputs / "runs" / dataset.name / f"{run_id}.json"
     return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _tables_summary(title: str, tables: dict[str, Any]) -> None:
+    tt = Table(title=title)
+    for col in ("table", "model", "episodes in", "rows", "failures", "suite", "location"):
+        tt.add_column(col, overflow="fold")
+    for name, t in tables.items():
+        fails = f"{t['failures']} ({t['failed_episodes']} ep.)" if t["failures"] else "0"
+        tt.add_row(name, t["model"], str(t["episodes_in"]), str(t["rows"]), fails,
+                   t["valid"], _short(t["table_dir"]))  # fmt: skip
+    console.print(tt)
+    for name, t in tables.items():
+        for ex in t.get("failure_examples", [])[:1]:
+            console.print(Text(f"  {name}: {ex[:160]}", style="dim"))
 
 
 def _short(path: str) -> str:
@@ -503,22 +537,21 @@ def _summary(home: Path, dataset: Path, env: dict[str, str], elapsed: float,
 
     s = FloraSettings(home=home)
     client = MlflowClient(tracking_uri=s.tracking_uri)
-    r = _latest_run(client, s, dataset)
-    tables = _engine_summary(s.outputs_dir.resolve(), dataset, r.info.run_id) if r else {}
-
+    out = s.outputs_dir.resolve()
+    r = _latest_run(client, s, dataset, out)
+    tables = _engine_summary(out, dataset, r.info.run_id) if r else {}
     if tables:
-        tt = Table(title="Engine tables (this run)")
-        for col in ("table", "model", "episodes in", "rows", "failures", "suite", "location"):
-            tt.add_column(col, overflow="fold")
-        for name, t in tables.items():
-            fails = f"{t['failures']} ({t['failed_episodes']} ep.)" if t["failures"] else "0"
-            tt.add_row(name, t["model"], str(t["episodes_in"]), str(t["rows"]), fails,
-                       t["valid"], _short(t["table_dir"]))  # fmt: skip
-        console.print(tt)
+        _tables_summary("Engine tables (first pass: kinematic segmenter, untrained tiny VLM)",
+                        tables)  # fmt: skip
+    if closed:
+        served_out = Path(closed["outputs"])
+        r2 = _latest_run(client, s, dataset, served_out)
+        served_tables = _engine_summary(served_out, dataset, r2.info.run_id) if r2 else {}
+        if served_tables:
+            _tables_summary("Engine tables (served pass: the registered Flora models over HTTP)",
+                            served_tables)  # fmt: skip
+    if tables:
         console.print("[dim]failed items and their reasons: <table>/_failures/*.json[/]")
-        for name, t in tables.items():
-            for ex in t.get("failure_examples", [])[:1]:
-                console.print(Text(f"  {name}: {ex[:160]}", style="dim"))
 
     if closed:
         _models_summary(home, closed)
@@ -552,14 +585,21 @@ def _summary(home: Path, dataset: Path, env: dict[str, str], elapsed: float,
         f"mlflow ui --backend-store-uri {s.tracking_uri} --default-artifact-root "
         f"{s.artifact_root.as_uri()}",
     )
-    out = s.outputs_dir.resolve()
-    t.add_row("outputs", f"{out} (manifest/, validation/, runs/, one folder per engine table)")
+    t.add_row(
+        "outputs",
+        f"{out} (one folder per engine table; manifest/, validation/, "
+        "curated/, exports/, reports/, runs/ = run summaries)",
+    )
     t.add_row("DVC remote", str(s.dvc_remote.resolve()))
     t.add_row("Airflow", f"AIRFLOW_HOME={env['AIRFLOW_HOME']} (SQLite, dags test)")
     if closed:
         t.add_row("served pass", f"{closed['outputs']} (tables from the served models)")
-        t.add_row("registry", "flora registry list --model captioner  (also segmenter, rewarder)")
-        t.add_row("reports", f"{out}/runs/ and {closed['outputs']}/runs/")
+        t.add_row("registry", "flora registry list captioner  (also segmenter, rewarder)")
+    t.add_row(
+        "reports",
+        f"{out}/reports/{dataset.name}/{r.info.run_id if r else '<MLflow run id>'}/index.html"
+        + (f" and {closed['outputs']}/reports/" if closed else ""),
+    )
     t.add_row("elapsed", f"{elapsed:.0f}s")
     console.print(t)
 
@@ -591,7 +631,7 @@ def _models_summary(home: Path, closed: dict[str, Any]) -> None:
     st.add_column("table")
     st.add_column("metrics", overflow="fold")
     for name, m in closed["scores"].items():
-        st.add_row(name, ", ".join(f"{k}={_fmt(v)}" for k, v in list(m.items())[:8]))
+        st.add_row(name, ", ".join(f"{k}={_fmt(v)}" for k, v in list(m.items())[:12]))
     console.print(st)
 
 
