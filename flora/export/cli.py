@@ -23,7 +23,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             Path | None, typer.Option(help="Engine tables root (default: FLORA_HOME/outputs).")
         ] = None,
         mixture: Annotated[Path | None, typer.Option(help="Curated mixture Parquet.")] = None,
-        overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
+        overwrite: Annotated[bool, typer.Option(help="Replace an earlier export.")] = False,
         in_place: Annotated[bool, typer.Option(help="Modify the source dataset.")] = False,
     ) -> None:
         """LeRobot v3.0 with ``language_persistent`` events and ``flora_annotations/``."""
@@ -38,9 +38,13 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
             cand = mixture_path(src, dataset.resolve().name)
             mixture = cand if cand.exists() else None
+        from flora.safety import OutputDirError
+
         try:
             res = export_lerobot(dataset, src, out, mixture=mixture, overwrite=overwrite,
                                  in_place=in_place)  # fmt: skip
+        except OutputDirError as e:  # never replace what Flora did not write: usage, exit 2
+            raise typer.BadParameter(str(e), param_hint="--out") from e
         except (FileExistsError, ValueError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from e

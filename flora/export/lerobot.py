@@ -14,9 +14,12 @@ JSON), and ``meta/info.json`` declares the feature as LeRobot does:
 rubric, curation decisions, mixture: one Parquet file each), their recorded failures and
 a ``manifest.json`` (row counts, run ids, sha256 of every file).
 
-The source dataset is never modified unless ``in_place``; an existing non-empty ``out`` is
-refused unless ``overwrite``. The export is assembled in a sibling temp folder and renamed
-into place, so a failed export leaves nothing half written.
+The source dataset is never modified unless ``in_place``. ``out`` may be missing or empty;
+an earlier export there (its owner marker ``.flora-output.json``, kind ``lerobot export``)
+is replaced only with ``overwrite``; anything else there (a dataset, a file) is refused
+with :class:`flora.safety.OutputDirError`, even with ``overwrite``. The export is assembled
+in a sibling temp folder and renamed into place, so a failed export leaves nothing half
+written and the earlier export stays until the new one is complete.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flora.data.episode import FloraDataError, make_episode_id
+from flora.safety import OutputDirError, claim_output_dir, ensure_own_output_dir
 
 LANGUAGE_PERSISTENT = "language_persistent"
 LANGUAGE_FEATURE = {"dtype": "language", "shape": [1], "names": None}
@@ -42,6 +46,8 @@ ANNOTATIONS_DIR = "flora_annotations"
 EXPORT_TABLES = ("events", "captions", "outcome", "dense_labels", "rubric", "curation")
 SUBTASK_STYLE = "subtask"
 ASSISTANT_ROLE = "assistant"
+#: ``kind`` in an export's owner marker (:mod:`flora.safety`): only such a folder is replaced.
+EXPORT_KIND = "lerobot export"
 
 
 def _json_type() -> pa.DataType:
@@ -152,6 +158,35 @@ def _write_annotations(dst: Path, ann: Any, mixture_path: Path | None) -> dict[s
     return counts
 
 
+def _check_target(target: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` that is not free or this export's own earlier output.
+
+    Free: missing or an empty folder. An earlier export (owner marker of kind
+    :data:`EXPORT_KIND`) is replaced only with ``overwrite``. Anything else — a dataset, an
+    unrelated folder, a file, a symlink — is refused even with ``overwrite``: the export
+    never deletes data it did not write.
+    """
+    hint = "delete it yourself if it is disposable"
+    if ensure_own_output_dir(target, EXPORT_KIND, hint=hint) and not overwrite:
+        raise OutputDirError(f"{target} holds an earlier Flora export; pass --overwrite to "
+                             "replace it, or choose another --out")  # fmt: skip
+
+
+def _promote(work: Path, target: Path, overwrite: bool) -> None:
+    """Rename the finished export ``work`` to ``target``; an earlier export is moved aside
+    first (checked again: never anything Flora did not write) and removed after."""
+    _check_target(target, overwrite)
+    if target.is_dir() and any(target.iterdir()):
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.replace(target, old / target.name)
+        os.replace(work, target)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    if target.is_dir():
+        target.rmdir()  # empty
+    os.replace(work, target)
+
+
 def export_lerobot(
     dataset: str | Path,
     tables: Any,
@@ -168,7 +203,7 @@ def export_lerobot(
         tables: engine tables (TableStore root or ``{table: root}``).
         out: target root (required unless ``in_place``).
         mixture: a curated mixture Parquet file to ship in ``flora_annotations/``.
-        overwrite: replace an existing non-empty ``out``.
+        overwrite: replace an earlier export at ``out`` (never a folder Flora did not write).
         in_place: add the column and folder to the source dataset itself.
     """
     from flora.curate.sources import load_annotations
@@ -188,9 +223,7 @@ def export_lerobot(
         if target == src or src in target.parents:
             raise ValueError(f"--out {target} is the source dataset or inside it; "
                              "pass --in-place to modify the source")  # fmt: skip
-        if target.exists() and any(target.iterdir()) and not overwrite:
-            raise FileExistsError(f"export target {target} exists and is not empty "
-                                  "(pass --overwrite to replace it)")  # fmt: skip
+        _check_target(target, overwrite)
     ann = load_annotations(tables)
     lang = language_by_episode(ds.name, ann.tables)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -202,6 +235,7 @@ def export_lerobot(
         else:
             shutil.copytree(src, work, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns(ANNOTATIONS_DIR))  # fmt: skip
+            claim_output_dir(work, EXPORT_KIND)  # over a marker copied from the source
         frames = 0
         data_files = sorted((src / "data").rglob("*.parquet"))
         for p in data_files:
@@ -231,9 +265,7 @@ def export_lerobot(
                     os.replace(p, dst)
             shutil.rmtree(work)
         else:
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(work, target)
+            _promote(work, target, overwrite)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

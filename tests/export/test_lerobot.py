@@ -95,20 +95,40 @@ def test_export_schema_round_trip_and_source_untouched(tiny_dataset, oracle_tabl
     assert len(ann["dense_labels"]) == len(gt.tables["dense"])
 
 
-def test_existing_target_refused_unless_overwrite(tiny_dataset, oracle_tables, tmp_path):
+def test_foreign_target_refused_own_export_replaced_only_with_overwrite(
+    tiny_dataset, oracle_tables, tmp_path
+):
+    """A user's folder or file at --out survives byte for byte, even with overwrite; an
+    earlier export is replaced only with overwrite (issue 15: never delete user data)."""
     from flora.export.lerobot import export_lerobot
+    from flora.safety import OWNER_MARKER, OutputDirError
 
     out = tmp_path / "exists"
     out.mkdir()
-    (out / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="--overwrite"):
-        export_lerobot(tiny_dataset, oracle_tables, out)
-    assert (out / "keep.txt").read_text() == "mine"  # nothing touched
+    (out / "keep.txt").write_bytes(b"mine\x00")
+    for overwrite in (False, True):
+        with pytest.raises(OutputDirError, match=f"{out}.*not written by Flora"):
+            export_lerobot(tiny_dataset, oracle_tables, out, overwrite=overwrite)
+        assert _tree(out) == {"keep.txt": b"mine\x00"}  # nothing touched
+    a_file = tmp_path / "a_file"
+    a_file.write_bytes(b"data")
+    with pytest.raises(OutputDirError, match="is a file"):
+        export_lerobot(tiny_dataset, oracle_tables, a_file, overwrite=True)
+    assert a_file.read_bytes() == b"data"
     with pytest.raises(ValueError, match="in-place"):
         export_lerobot(tiny_dataset, oracle_tables, tiny_dataset / "sub")
-    res = export_lerobot(tiny_dataset, oracle_tables, out, overwrite=True)
-    assert not (out / "keep.txt").exists() and res.frames > 0
-    assert not list(tmp_path.glob(".exists.export-*"))  # no temp folder left
+
+    mine = tmp_path / "export"
+    res = export_lerobot(tiny_dataset, oracle_tables, mine)
+    assert res.frames > 0 and (mine / OWNER_MARKER).is_file()
+    first = _tree(mine)
+    with pytest.raises(OutputDirError, match="earlier Flora export.*--overwrite"):
+        export_lerobot(tiny_dataset, oracle_tables, mine)
+    assert _tree(mine) == first
+    (mine / "stale.txt").write_text("from the earlier export")
+    export_lerobot(tiny_dataset, oracle_tables, mine, overwrite=True)
+    assert _tree(mine) == first  # replaced as a whole: the stale file is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "exists", "export"]
 
 
 def test_in_place_and_episode_without_events(tiny_dataset, tmp_path):
@@ -141,8 +161,13 @@ def test_cli_export_refuses_existing_target(tiny_dataset, oracle_tables, tmp_pat
     (out / "x").write_text("1")
     r = CliRunner().invoke(app, ["export", "lerobot", str(tiny_dataset), "--out", str(out),
                                  "--tables", str(oracle_tables)])  # fmt: skip
-    assert r.exit_code == 1 and "exists" in r.output
+    assert r.exit_code == 2 and "--out" in r.output and "not written by Flora" in r.output
     r = CliRunner().invoke(app, ["export", "lerobot", str(tiny_dataset), "--out", str(out),
                                  "--tables", str(oracle_tables), "--overwrite"])  # fmt: skip
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["episodes"] == 3
+    assert r.exit_code == 2 and (out / "x").read_text() == "1"  # a user's folder: never
+    mine = tmp_path / "mine"
+    for extra in ([], ["--overwrite"]):
+        r = CliRunner().invoke(app, ["export", "lerobot", str(tiny_dataset), "--out", str(mine),
+                                     "--tables", str(oracle_tables), *extra])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["episodes"] == 3
