@@ -540,6 +540,8 @@ def train_sft(
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     set_path = Path(set_path)
     out = Path(output_dir)
+    for d in (out / "best", out / "model"):
+        check_model_out(d)  # refuse a user's folder there before any training
     rank, world = init_distributed(local_rank)
     torch.manual_seed(recipe.seed)
     np.random.seed(recipe.seed)
@@ -780,7 +782,18 @@ def _save_checkpoint(
     return ckpt
 
 
+def check_model_out(dst: str | Path) -> bool:
+    """True when ``dst`` holds a model Flora exported (its ``flora_model.json``; replaced by
+    the next export), False when free. Anything else there — a dataset, an unrelated folder,
+    a file — raises :class:`flora.safety.OutputDirError`: training never deletes it."""
+    from flora.safety import ensure_own_output_dir
+
+    hint = "delete it yourself if it is disposable"
+    return ensure_own_output_dir(dst, "model", markers=(MODEL_MANIFEST,), hint=hint)
+
+
 def _replace(src: Path, dst: Path) -> None:
+    check_model_out(dst)  # right before moving it aside: only an earlier model goes
     tmp = dst.parent / f".{dst.name}.old{os.getpid()}"
     if dst.exists():
         dst.rename(tmp)
@@ -838,6 +851,7 @@ def _export(
         }
         (tmp / MODEL_MANIFEST).write_text(json.dumps(man, indent=2, sort_keys=True, default=str))
         old = dst.parent / f".{dst.name}.old{os.getpid()}"
+        check_model_out(dst)  # the run's own model only (train_sft checked it at start too)
         if dst.exists():
             dst.rename(old)
         tmp.rename(dst)
