@@ -434,6 +434,11 @@ def run_app(app: typer.Typer, args: Sequence[str] | None = None, prog_name: str 
         if type(e).__name__ == "ValidationError" and getattr(e, "title", "") == "FloraSettings":
             say(f"{where}: error: bad FLORA_* setting: {e}")
             return EXIT_USAGE
+        from flora.safety import OutputDirError
+
+        if isinstance(e, OutputDirError):  # an output path Flora may not replace: usage
+            say(f"{where}: error: {e}")
+            return EXIT_USAGE
         if isinstance(e, OSError):
             say(f"{where}: error: {e}")
             return EXIT_FAILED

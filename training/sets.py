@@ -62,6 +62,9 @@ EXAMPLES_FILE = "examples.parquet"
 FAILURES_FILE = "failures.parquet"
 MANIFEST_FILE = "manifest.json"
 SET_FORMAT = "flora-training-set/1"
+#: ``kind`` in a set folder's owner marker (:mod:`flora.safety`): only such a folder (or a
+#: set written before the marker, its manifest naming :data:`SET_FORMAT`) is replaced.
+SET_KIND = "training set"
 COLUMNS: tuple[str, ...] = (
     "example_id",
     "model",
@@ -635,12 +638,32 @@ def dataset_md5(dataset_path: str | Path) -> str:
     return h.hexdigest()
 
 
+def check_set_out(out: str | Path) -> bool:
+    """True when ``out`` holds an earlier set (replaced by the next build); False when free.
+
+    Anything else there — a dataset, an unrelated folder, a file — raises
+    :class:`flora.safety.OutputDirError` naming it: a set build never deletes data Flora
+    did not write.
+    """
+    from flora.safety import ensure_own_output_dir
+
+    p = Path(out)
+    if p.is_dir() and not p.is_symlink() and (p / MANIFEST_FILE).is_file():
+        try:  # a set written before the owner marker existed
+            if json.loads((p / MANIFEST_FILE).read_text()).get("format") == SET_FORMAT:
+                return True
+        except (OSError, ValueError, AttributeError):
+            pass
+    return ensure_own_output_dir(p, SET_KIND, hint="delete it yourself if it is disposable")
+
+
 def _write(
     out: str | Path,
     examples: list[Example],
     failures: list[Failure],
     manifest: dict[str, Any],
 ) -> Path:
+    from flora.safety import claim_output_dir, clear_output_path
     from flora.validation.core import TableValidationError, validate_table
 
     if not examples:
@@ -659,7 +682,7 @@ def _write(
     tmp = out.parent / f".{out.name}.tmp{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
+    claim_output_dir(tmp, SET_KIND)
     df.to_parquet(tmp / EXAMPLES_FILE, index=False)
     pd.DataFrame(
         [
@@ -679,8 +702,10 @@ def _write(
         "sha256": hashlib.sha256((tmp / EXAMPLES_FILE).read_bytes()).hexdigest(),
     }
     (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
+    if check_set_out(out):  # again right before replacing: only an earlier set goes
+        clear_output_path(out)
+    elif out.is_dir():
+        out.rmdir()  # empty
     tmp.rename(out)
     return out
 
@@ -755,6 +780,7 @@ def _build(
 ) -> Path:
     if model not in TASK_KINDS:
         raise SetError(f"unknown model {model!r}; expected one of {list(TASK_KINDS)}")
+    check_set_out(out)  # refuse a user's folder before any work
     ds, gt, sources = episode_sources(
         dataset_path, split_fraction, mixture=mixture, max_episodes=max_episodes
     )
@@ -953,12 +979,14 @@ def set_failures(path: str | Path) -> pd.DataFrame:
 
 __all__ = [
     "COLUMNS",
+    "SET_KIND",
     "SPLITS",
     "TASK_KINDS",
     "Example",
     "SetError",
     "build_grpo_set",
     "build_sft_set",
+    "check_set_out",
     "decode_png",
     "encode_png",
     "load_set",
