@@ -29,9 +29,16 @@ dir, row/failure counts, first failures, validation result). A table that fails 
 suite makes its task fail (the report is logged to MLflow first), so it is never handed
 downstream; episodes whose rows fail are quarantined by the step functions.
 
+The heavy steps (segment, caption, reward_*) come from
+``flora.orchestration.tasks.step_task``: in-process ``@task`` s by default, GPU
+``KubernetesPodOperator`` pods running the same functions
+(``flora.orchestration.steps``) when ``FLORA_MODE=production`` (docs/orchestration.md,
+"Production mode"); every path in the state lies on the shared volume then.
+
 Backends come from ``FLORA_BACKEND`` (``flora.engine``): embedded default = kinematic
 segmenter + the tiny random VLM for captions and rewards (docs/orchestration.md).
-``flora`` is imported inside the tasks so that parsing this file stays cheap.
+``flora`` is imported inside the tasks so that parsing this file stays cheap (only the
+light ``flora.settings`` / ``flora.orchestration.tasks`` at parse time).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from typing import Any
 
 import pendulum
 from airflow.sdk import Asset, Param, dag, task
+
+from flora.orchestration.tasks import step_task
 
 DAG_ID = "flora_data_engine"
 #: The curated mixture, published by ``curate`` (same name as
@@ -112,12 +121,14 @@ def flora_data_engine() -> None:
         from pathlib import Path
 
         from flora.engine import ingest_tracked
+        from flora.orchestration import shared_path
         from flora.settings import get_settings
         from flora.tracking import airflow_run_tags
 
         s = get_settings()
-        path = Path((params or {}).get("dataset") or s.dataset).resolve()
-        out_dir = s.outputs_dir.resolve()
+        # Paths handed downstream must be visible to every worker and pod (production).
+        path = Path(shared_path((params or {}).get("dataset") or s.dataset, "dataset"))
+        out_dir = Path(shared_path(s.outputs_dir, "outputs dir (FLORA_HOME/outputs)"))
         tags = {"dataset": path.name, "dataset_path": str(path)}
         tags |= airflow_run_tags(DAG_ID, dag_run)
         result, run_id = ingest_tracked(path, out_dir / "manifest" / f"{path.name}.parquet",
@@ -168,37 +179,6 @@ def flora_data_engine() -> None:
             "validation_success": report.success,
             "validation_report": str(report_path),
         }
-
-    @task
-    def segment(state: dict[str, Any]) -> dict[str, Any]:
-        """Segment the valid episodes into the ``events`` table (+ F1 vs ground truth)."""
-        from flora.engine import run_segment, tracked
-
-        rep = tracked("segment", state["mlflow_run_id"], run_segment, state["dataset_path"],
-                      state["outputs_dir"], state["valid_episodes"],
-                      state["mlflow_run_id"])  # fmt: skip
-        return {**state, "segment": rep.to_dict()}
-
-    @task
-    def caption(state: dict[str, Any], params: dict | None = None) -> dict[str, Any]:
-        """Caption the events of the valid episodes into the ``captions`` table."""
-        from flora.engine import StepOptions, run_caption, tracked
-
-        rep = tracked("caption", state["mlflow_run_id"], run_caption, state["dataset_path"],
-                      state["segment"]["table_dir"], state["outputs_dir"],
-                      state["valid_episodes"], state["mlflow_run_id"],
-                      options=StepOptions.from_mapping(params))  # fmt: skip
-        return {**state, "caption": rep.to_dict()}
-
-    @task
-    def reward(state: dict[str, Any], mode: str, params: dict | None = None) -> dict[str, Any]:
-        """One rewarder mode (outcome | dense | rubric) into its table."""
-        from flora.engine import StepOptions, run_reward, tracked
-
-        rep = tracked(mode, state["mlflow_run_id"], run_reward, mode, state["dataset_path"],
-                      state["outputs_dir"], state["valid_episodes"], state["mlflow_run_id"],
-                      options=StepOptions.from_mapping(params))  # fmt: skip
-        return {**state, mode: rep.to_dict()}
 
     @task
     def summary(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -262,11 +242,13 @@ def flora_data_engine() -> None:
                           episodes=state["valid_episodes"])  # fmt: skip
         return {**state, "report": rep}
 
-    segmented = segment(validate(ingest()))
-    captioned = caption(segmented)
+    # The heavy steps: in-process @task (embedded) or a GPU pod (FLORA_MODE=production).
+    segmented = step_task("segment")(state=validate(ingest()))
+    captioned = step_task("caption", params=True)(state=segmented)
     joined = summary(
-        [reward.override(task_id=f"reward_{m}")(captioned, mode=m) for m in REWARD_MODES]
-    )
+        [step_task("reward", task_id=f"reward_{m}", params=True)(state=captioned, mode=m)
+         for m in REWARD_MODES]
+    )  # fmt: skip
     report(export(curate(joined)))
 
 

@@ -11,6 +11,11 @@ failure). MLflow: ``prepare`` opens the DAG run's parent run (experiment
 ``flora-policy-rtc``); every task logs into its own nested child run; ``finalize`` runs
 whatever happened upstream and closes the parent FAILED when any task failed.
 
+``train`` comes from ``flora.orchestration.tasks.step_task``: an in-process ``@task`` by
+default, a GPU ``KubernetesPodOperator`` pod running the same function
+(``flora.orchestration.steps.policy_train``) when ``FLORA_MODE=production``; ``evaluate``
+and the registry steps stay in-process (docs/orchestration.md, "Production mode").
+
 Scheduled on the curated captions (the ``flora://curated-mixture`` Asset the data engine
 publishes) as well as triggered by hand.
 
@@ -26,6 +31,8 @@ from typing import Any
 
 import pendulum
 from airflow.sdk import Asset, Param, dag, task
+
+from flora.orchestration.tasks import step_task
 
 DAG_ID = "flora_policy_rtc"
 # The same Asset flora_data_engine publishes after curation (name and URI must match).
@@ -65,15 +72,18 @@ def flora_policy_rtc() -> None:
         """Resolve dataset / captions / output dir and open the pipeline's MLflow run."""
         from pathlib import Path
 
+        from flora.orchestration import shared_path
         from flora.policy.lerobot import find_caption_table
         from flora.settings import get_settings
         from flora.tracking import airflow_run_tags, mlflow_run, start_pipeline_run
 
         p = params or {}
         s = get_settings()
-        path = Path(p.get("dataset") or s.dataset).resolve()
-        outputs = s.outputs_dir.resolve()
+        # Paths handed downstream must be visible to every worker and pod (production).
+        path = Path(shared_path(p.get("dataset") or s.dataset, "dataset"))
+        outputs = Path(shared_path(s.outputs_dir, "outputs dir (FLORA_HOME/outputs)"))
         events = p.get("events") or find_caption_table(outputs)  # the engine's captions
+        events = shared_path(events, "events table") if events else None
         run_key = str(getattr(dag_run, "run_id", "") or "manual").replace(":", "_")
         tags = {"dataset": path.name, "dataset_path": str(path)}
         tags |= airflow_run_tags(DAG_ID, dag_run)
@@ -92,33 +102,10 @@ def flora_policy_rtc() -> None:
             "dataset": path.name,
             "dataset_path": str(path),
             "outputs_dir": str(outputs),
-            "events": str(Path(events).resolve()) if events else None,
+            "events": events,
             "policy_dir": str(outputs / "policy" / path.name / run_key),
             "mlflow_run_id": run_id,
             "train": train_params,
-        }
-
-    @task
-    def train(state: dict[str, Any]) -> dict[str, Any]:
-        """Fit the expert with training-time RTC (``flora.policy.lerobot.train_policy``)."""
-        from flora.policy.lerobot import PolicyTrainConfig, train_policy
-
-        cfg = PolicyTrainConfig(
-            dataset=state["dataset_path"],
-            out=state["policy_dir"],
-            events=state["events"],
-            run_id=state["mlflow_run_id"],
-            progress=False,
-            **state["train"],
-        )
-        summary = train_policy(cfg)
-        return {
-            **state,
-            "checkpoint": summary["checkpoint"],
-            "train_summary": {
-                k: summary[k]
-                for k in ("episodes", "train_chunks", "final_loss", "caption_steps", "failures")
-            },
         }
 
     @task
@@ -191,7 +178,9 @@ def flora_policy_rtc() -> None:
             return "no parent run (prepare failed)"
         return finish_pipeline_run(prepared["mlflow_run_id"], states)
 
-    promote(register(evaluate(train(prepare())))) >> finalize()
+    # The heavy step: in-process @task (embedded) or a GPU pod (FLORA_MODE=production).
+    trained = step_task("policy_train", task_id="train")(state=prepare())
+    promote(register(evaluate(trained))) >> finalize()
 
 
 dag_object = flora_policy_rtc()

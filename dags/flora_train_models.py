@@ -25,6 +25,12 @@ mixture parquet; empty: the dataset's ground truth), ``recipe`` (a size: ``tiny`
 held-out), ``n_boot``, ``gates`` (``project`` or ``mechanics``, see
 ``training.pipeline.GATE_POLICIES``). XCom carries paths, run ids and versions only: the
 work folder is under ``FLORA_HOME``, which every worker mounts in production.
+
+``sft``, ``grpo`` and ``evaluate`` come from ``flora.orchestration.tasks.step_task``:
+in-process ``@task`` s by default, GPU ``KubernetesPodOperator`` pods running the same
+functions (``flora.orchestration.steps``) when ``FLORA_MODE=production``; ``prepare``
+then refuses a dataset, mixture or work folder off the shared volume
+(docs/orchestration.md, "Production mode").
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from typing import Any
 
 import pendulum
 from airflow.sdk import Asset, Param, TaskGroup, dag, task
+
+from flora.orchestration.tasks import step_task
 
 DAG_ID = "flora_train_models"
 MODELS = ("segmenter", "captioner", "rewarder")
@@ -89,6 +97,7 @@ def flora_train_models() -> None:
         """Resolve dataset, mixture and work folder; open the DAG run's parent MLflow run."""
         from pathlib import Path
 
+        from flora.orchestration import shared_path
         from flora.settings import get_settings
         from flora.tracking import airflow_run_tags, mlflow_run, start_pipeline_run
 
@@ -98,9 +107,12 @@ def flora_train_models() -> None:
         for events in (triggering_asset_events or {}).values():
             for ev in events:  # a scheduled run: the mixture the data engine just curated
                 mixture = mixture or (getattr(ev, "extra", None) or {}).get("path")
-        path = Path(p.get("dataset") or s.dataset).resolve()
         models = [m for m in MODELS if m in (p.get("models") or MODELS)]
         run_key = str(getattr(dag_run, "run_id", "") or "manual").replace(":", "_")
+        # Paths handed downstream must be visible to every worker and pod (production).
+        path = Path(shared_path(p.get("dataset") or s.dataset, "dataset"))
+        mixture = shared_path(mixture, "mixture") if mixture else None
+        work = shared_path(s.home / "training" / DAG_ID / run_key, "work dir (FLORA_HOME)")
         conf = {
             "recipe": p.get("recipe") or "small",
             "sft_max_steps": int(p.get("sft_max_steps") or 0),
@@ -120,9 +132,9 @@ def flora_train_models() -> None:
             pass
         return {
             "dataset": str(path),
-            "mixture": str(Path(mixture).resolve()) if mixture else None,
+            "mixture": mixture,
             "models": models,
-            "work": str((s.home / "training" / DAG_ID / run_key).resolve()),
+            "work": work,
             "mlflow_run_id": run_id,
             **conf,
         }
@@ -136,39 +148,6 @@ def flora_train_models() -> None:
         return pipeline.build_set(model, state["recipe"], state["dataset"],
                                   f"{state['work']}/{model}/set", mixture=state["mixture"],
                                   run_id=state["mlflow_run_id"])  # fmt: skip
-
-    @task
-    def sft(state: dict[str, Any], built: dict[str, Any], model: str) -> dict[str, Any]:
-        """Supervised fine-tuning (resumes from its checkpoint on a retry)."""
-        from training import pipeline
-
-        return pipeline.sft(model, state["recipe"], built["set"], f"{state['work']}/{model}/sft",
-                            max_steps=state["sft_max_steps"] or None,
-                            run_id=state["mlflow_run_id"])  # fmt: skip
-
-    @task
-    def grpo(
-        state: dict[str, Any], built: dict[str, Any], trained: dict[str, Any], model: str
-    ) -> dict[str, Any]:
-        """GRPO from the SFT model."""
-        from training import pipeline
-
-        return pipeline.grpo(model, state["recipe"], built["set"], trained,
-                             f"{state['work']}/{model}/grpo",
-                             max_steps=state["grpo_max_steps"] or None,
-                             run_id=state["mlflow_run_id"])  # fmt: skip
-
-    @task
-    def evaluate(
-        state: dict[str, Any], built: dict[str, Any], trained: dict[str, Any], model: str
-    ) -> dict[str, Any]:
-        """Held-out metrics of the trained model and of its untrained base."""
-        from training import pipeline
-
-        return pipeline.evaluate(model, state["recipe"], built["set"], trained,
-                                 f"{state['work']}/{model}/eval.json",
-                                 max_episodes=state["eval_episodes"] or None,
-                                 n_boot=state["n_boot"], run_id=state["mlflow_run_id"])  # fmt: skip
 
     @task
     def register(
@@ -222,10 +201,12 @@ def flora_train_models() -> None:
     for model in MODELS:
         with TaskGroup(group_id=model):
             built = build_set.override(task_id="build_set")(state, model)
-            trained = sft.override(task_id="sft")(state, built, model)
+            # Heavy steps: in-process @task (embedded) or a GPU pod (FLORA_MODE=production).
+            refs = {"state": state, "built": built, "model": model}
+            trained = step_task("sft")(**refs)
             if model in GRPO_MODELS:
-                trained = grpo.override(task_id="grpo")(state, built, trained, model)
-            evaluated = evaluate.override(task_id="evaluate")(state, built, trained, model)
+                trained = step_task("grpo")(**refs, trained=trained)
+            evaluated = step_task("evaluate")(**refs, trained=trained)
             registered = register.override(task_id="register")(
                 state, built, trained, evaluated, model
             )

@@ -62,6 +62,28 @@ class FloraSettings(BaseSettings):
     serve_max_tokens: int = Field(default=4096, ge=1)  # max_tokens above: 400
     serve_request_timeout_s: float = Field(default=300.0, gt=0)  # queue + generation
     serve_max_pending: int = Field(default=16, ge=1)  # admitted requests; 503 above
+    # Orchestration (docs/orchestration.md, "Production mode"): `embedded` runs every DAG
+    # step in-process; `production` (set by infra/helm/airflow-values.yaml) runs the heavy
+    # steps as KubernetesPodOperator pods on the CUDA image and requires every path handed
+    # between tasks to lie on the shared volume. Names below match infra/.
+    mode: Literal["embedded", "production"] = "embedded"
+    cuda_image: str = "ghcr.io/flora-robotics/flora:cuda"  # FLORA_CUDA_IMAGE, as KFP reads
+    pod_namespace: str | None = None  # None: the Airflow workers' own namespace
+    shared_pvc: str = "flora-shared"  # ReadWriteMany claim holding FLORA_HOME and datasets
+    shared_mount: Path = Path("/shared")
+    pod_config_map: str = "flora-pipeline-env"  # envFrom of every step pod
+    pod_secrets: list[str] = Field(default_factory=lambda: ["flora-object-store"])
+    gpu_count: int = Field(default=1, ge=1)  # nvidia.com/gpu per GPU step (limit = request)
+    gpu_cpu: str = "8"
+    gpu_memory: str = "64Gi"
+    gpu_node_selector: dict[str, str] = Field(
+        default_factory=lambda: {"nvidia.com/gpu.present": "true"}
+    )
+    gpu_tolerations: list[dict[str, str]] = Field(
+        default_factory=lambda: [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    )
 
     def for_model(self, model: Literal["segmenter", "captioner", "rewarder"]) -> FloraSettings:
         """These settings as ``model``'s requests see them: its own endpoint when one is

@@ -1,0 +1,39 @@
+"""Orchestration glue shared by the Airflow DAGs (``dags/``).
+
+:mod:`flora.orchestration.steps` holds the DAGs' heavy steps as plain functions of small
+JSON inputs; :mod:`flora.orchestration.pod` runs one of them as a pod's command
+(``python -m flora.orchestration.pod``); :mod:`flora.orchestration.tasks` builds, from
+the settings (``FLORA_MODE``), either an in-process ``@task`` or a
+``KubernetesPodOperator`` for a step. See docs/orchestration.md, "Production mode".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flora.settings import FloraSettings, get_settings
+
+
+def shared_path(path: str | Path, what: str, settings: FloraSettings | None = None) -> str:
+    """``path`` resolved, as a string fit for XCom.
+
+    In production mode every task may run on another worker or in its own pod, so a path
+    handed downstream must lie on the shared volume (``FLORA_SHARED_MOUNT``, the
+    ``FLORA_SHARED_PVC`` claim); anything else is refused with a clear error here, at the
+    task that produced it, instead of a "file not found" several pods later.
+    """
+    s = settings or get_settings()
+    p = Path(path).resolve()
+    if s.mode == "production":
+        mount = Path(s.shared_mount).resolve()
+        if not p.is_relative_to(mount):
+            raise ValueError(
+                f"{what} {p} is not on the shared volume {mount} (claim {s.shared_pvc}); in "
+                "FLORA_MODE=production every path passed between tasks must be visible to "
+                "every pod: put it under the mount (FLORA_HOME=/shared/flora in "
+                "flora-pipeline-env)"
+            )
+    return str(p)
+
+
+__all__ = ["shared_path"]

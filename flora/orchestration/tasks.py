@@ -1,0 +1,173 @@
+"""One DAG file, two flavours of heavy task, chosen by ``FLORA_MODE``.
+
+:func:`step_task` is the only place the DAGs fork on the mode. For a heavy step of
+:mod:`flora.orchestration.steps` it builds
+
+* ``embedded`` (default): an in-process ``@task`` that calls
+  :func:`~flora.orchestration.steps.run_step`;
+* ``production``: a ``KubernetesPodOperator`` on ``FLORA_CUDA_IMAGE`` whose command is
+  ``python -m flora.orchestration.pod <step> --inputs <JSON> --xcom`` (the same
+  ``run_step``), with ``nvidia.com/gpu`` limits equal to requests, the GPU tolerations and
+  node selector, the shared PVC mounted, its environment from the ``flora-pipeline-env``
+  ConfigMap and Secrets by reference, the label that lets it reach the inference pods,
+  and its return value pushed back to XCom by the sidecar.
+
+Inputs are the step's keyword arguments: upstream ``XComArg`` s or JSON values. In a pod
+they arrive as one JSON argument rendered by Airflow's templating
+(``ti.xcom_pull(...) | tojson``), so the pod sees exactly the dicts the ``@task`` would.
+Light steps (ingest, validate, summary, curate, export, report, build_set, register,
+promote, deploy, prepare, finalize) stay ``@task`` in both modes: in production they run
+on the KubernetesExecutor's worker pods (CPU image, same PVC; infra/helm/airflow-values.yaml).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from airflow.sdk import task
+from airflow.sdk.definitions.xcom_arg import PlainXComArg, XComArg
+
+from flora.orchestration.steps import STEPS
+from flora.settings import FloraSettings, get_settings
+
+#: The pod's command (the image's entrypoint passes ``python`` through as given).
+POD_COMMAND = ["python", "-m", "flora.orchestration.pod"]
+#: Labels every step pod carries: flora.ai/role=pipeline is what the inference pods'
+#: NetworkPolicy admits (infra/base/serving/networkpolicy.yaml).
+POD_LABELS = {"flora.ai/role": "pipeline", "app.kubernetes.io/part-of": "flora"}
+SHARED_VOLUME = "shared"
+
+
+class _Params:
+    """Marker: the DAG run's params, rendered into the pod's inputs as JSON."""
+
+
+PARAMS = _Params()
+
+
+def json_template(value: Any) -> str:
+    """``value`` as JSON text in which every ``XComArg`` is a Jinja ``xcom_pull | tojson``
+    (and :data:`PARAMS` the run's params), for a templated operator argument."""
+    if isinstance(value, PlainXComArg):
+        return (
+            f"{{{{ ti.xcom_pull(task_ids={value.operator.task_id!r}, key={value.key!r})"
+            " | tojson }}"
+        )
+    if isinstance(value, XComArg):
+        raise TypeError(f"only plain XComArgs can be passed to a pod step, got {value!r}")
+    if isinstance(value, _Params):
+        return "{{ params | tojson }}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {json_template(v)}"
+                               for k, v in value.items()) + "}"  # fmt: skip
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(json_template(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _upstreams(value: Any) -> list[XComArg]:
+    if isinstance(value, XComArg):
+        return [value]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _upstreams(v)]
+    if isinstance(value, list | tuple):
+        return [x for v in value for x in _upstreams(v)]
+    return []
+
+
+def _in_process(step: str, task_id: str, with_params: bool, **task_kwargs: Any) -> Callable:
+    @task(task_id=task_id, doc_md=STEPS[step].__doc__, **task_kwargs)
+    def run_in_process(inputs: dict[str, Any], params: dict | None = None) -> dict[str, Any]:
+        from flora.orchestration.steps import run_step
+
+        kwargs = {**inputs, "params": dict(params or {})} if with_params else inputs
+        return run_step(step, kwargs)
+
+    return lambda **inputs: run_in_process(inputs=inputs)
+
+
+def pod_spec_kwargs(s: FloraSettings) -> dict[str, Any]:
+    """The ``KubernetesPodOperator`` arguments every GPU step pod shares, from settings."""
+    from kubernetes.client import models as k8s
+
+    resources = {"cpu": s.gpu_cpu, "memory": s.gpu_memory, "nvidia.com/gpu": str(s.gpu_count)}
+    env_from = [k8s.V1EnvFromSource(config_map_ref=k8s.V1ConfigMapEnvSource(name=s.pod_config_map))]
+    env_from += [
+        k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=name)) for name in s.pod_secrets
+    ]
+    return {
+        "namespace": s.pod_namespace,
+        "image": s.cuda_image,
+        "cmds": list(POD_COMMAND),
+        "labels": dict(POD_LABELS),
+        # Guaranteed QoS: limits = requests (a GPU cannot be overcommitted anyway).
+        "container_resources": k8s.V1ResourceRequirements(
+            requests=dict(resources), limits=dict(resources)
+        ),
+        "tolerations": [k8s.V1Toleration(**t) for t in s.gpu_tolerations],
+        "node_selector": dict(s.gpu_node_selector),
+        "volumes": [
+            k8s.V1Volume(
+                name=SHARED_VOLUME,
+                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
+                    claim_name=s.shared_pvc
+                ),
+            )
+        ],
+        "volume_mounts": [k8s.V1VolumeMount(name=SHARED_VOLUME, mount_path=str(s.shared_mount))],
+        "env_from": env_from,
+        "do_xcom_push": True,
+        "get_logs": True,
+        "on_finish_action": "delete_pod",
+    }
+
+
+def _in_pod(
+    step: str, task_id: str, with_params: bool, s: FloraSettings, **task_kwargs: Any
+) -> Callable:
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    def build(**inputs: Any) -> XComArg:
+        payload = {**inputs, "params": PARAMS} if with_params else inputs
+        op = KubernetesPodOperator(
+            task_id=task_id,
+            arguments=[step, "--inputs", json_template(payload), "--xcom"],
+            doc_md=STEPS[step].__doc__,
+            **pod_spec_kwargs(s),
+            **task_kwargs,
+        )
+        # The pod name carries the full task id (TaskGroup prefix included); KPO adds a
+        # random suffix per try.
+        op.name = KubernetesPodOperator._set_name(f"flora-{op.task_id}")
+        for up in _upstreams(inputs):
+            up.operator >> op
+        return XComArg(op)
+
+    return build
+
+
+def step_task(
+    step: str,
+    *,
+    task_id: str | None = None,
+    params: bool = False,
+    settings: FloraSettings | None = None,
+    **task_kwargs: Any,
+) -> Callable[..., XComArg]:
+    """A task factory for heavy step ``step``: call it with the step's inputs in a DAG.
+
+    ``params=True`` passes the DAG run's params as the step's ``params`` argument.
+    ``task_kwargs`` (retries, trigger_rule, ...) go to the operator either way.
+    """
+    if step not in STEPS:
+        raise ValueError(f"unknown step {step!r}; known steps: {', '.join(sorted(STEPS))}")
+    s = settings or get_settings()
+    tid = task_id or step
+    if s.mode == "production":
+        return _in_pod(step, tid, params, s, **task_kwargs)
+    return _in_process(step, tid, params, **task_kwargs)
+
+
+__all__ = ["PARAMS", "POD_COMMAND", "POD_LABELS", "json_template", "pod_spec_kwargs", "step_task"]
