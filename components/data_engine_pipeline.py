@@ -11,6 +11,10 @@ run after captioning, in parallel on a cluster, and ``summary_op`` joins them; t
 ``curate_op`` (curated mixture artifact), ``export_op`` (LeRobot export artifact) and
 ``report_op`` (HTML reports artifact). The pipeline returns the per-table summary (rows,
 failures, location, validity).
+
+On a cluster every task mounts the shared PVC and takes its environment from the
+pipeline-env ConfigMap and the object-store Secret; segment, caption and the rewards run
+on the CUDA image with a GPU (:func:`components.platform.on_cluster`).
 """
 
 from pathlib import Path
@@ -28,18 +32,15 @@ from components.data_engine import (
     summary_op,
     validate_op,
 )
+from components.platform import on_cluster
 
 PIPELINE_YAML = Path(__file__).with_suffix(".yaml")
-#: Resource limits per task kind (kept in the compiled YAML; ``kfp.local`` ignores them).
+#: Limits of the light steps (kept in the compiled YAML; ``kfp.local`` ignores them). The
+#: heavy steps (segment, caption, rewards) are GPU steps: CUDA image, ``nvidia.com/gpu``
+#: and the GPU limits from settings, as the Airflow DAG's production pods. Every task:
+#: caching off (a dataset can change under the same path), the shared PVC, the
+#: pipeline-env ConfigMap and the object-store Secret (:mod:`components.platform`).
 CPU_TASK = {"cpu": "2", "memory": "4G"}
-VLM_TASK = {"cpu": "4", "memory": "16G"}
-
-
-def _limits(task: dsl.PipelineTask, res: dict[str, str]) -> dsl.PipelineTask:
-    # The dataset (and the tables under the same store) can change under the same path:
-    # never reuse a cached result.
-    task.set_caching_options(False)
-    return task.set_cpu_limit(res["cpu"]).set_memory_limit(res["memory"])
 
 
 @dsl.pipeline(
@@ -63,28 +64,28 @@ def data_engine_pipeline(
     ``curation_rules``: empty means the default rules; ``dvc_repo``: empty means the
     mixture is not DVC-versioned.
     """
-    ingest = _limits(ingest_op(dataset_path=dataset_path), CPU_TASK)
-    validate = _limits(
+    ingest = on_cluster(ingest_op(dataset_path=dataset_path), resources=CPU_TASK)
+    validate = on_cluster(
         validate_op(
             dataset_path=dataset_path,
             mlflow_run_id=ingest.outputs["mlflow_run_id"],
             manifest=ingest.outputs["manifest"],
             strict=strict,
         ),
-        CPU_TASK,
+        resources=CPU_TASK,
     )
     run_id = ingest.outputs["mlflow_run_id"]
     valid = validate.outputs["valid_episodes"]
-    segment = _limits(
+    segment = on_cluster(
         segment_op(dataset_path=dataset_path, mlflow_run_id=run_id, valid_episodes=valid),
-        CPU_TASK,
+        gpu=True,
     )
     vlm = {
         "vlm_max_episodes": vlm_max_episodes,
         "max_attempts": max_attempts,
         "max_new_tokens": max_new_tokens,
     }
-    caption = _limits(
+    caption = on_cluster(
         caption_op(
             dataset_path=dataset_path,
             mlflow_run_id=run_id,
@@ -92,7 +93,7 @@ def data_engine_pipeline(
             events=segment.outputs["events"],
             **vlm,
         ),
-        VLM_TASK,
+        gpu=True,
     )
     rewards = {}
     for mode in ("outcome", "dense", "rubric"):
@@ -105,7 +106,7 @@ def data_engine_pipeline(
             **vlm,
         )
         t.set_display_name(f"reward-{mode}")
-        rewards[mode] = _limits(t, VLM_TASK).after(caption)
+        rewards[mode] = on_cluster(t, gpu=True).after(caption)
     summary = summary_op(
         mlflow_run_id=run_id,
         segment=segment.outputs["report"],
@@ -114,7 +115,7 @@ def data_engine_pipeline(
         dense=rewards["dense"].outputs["report"],
         rubric=rewards["rubric"].outputs["report"],
     )
-    _limits(summary, CPU_TASK)
+    on_cluster(summary, resources=CPU_TASK)
     tables = {
         "events": segment.outputs["events"],
         "captions": caption.outputs["captions"],
@@ -130,7 +131,7 @@ def data_engine_pipeline(
         dvc_repo=dvc_repo,
         **tables,
     )
-    _limits(curate, CPU_TASK).after(summary)
+    on_cluster(curate, resources=CPU_TASK).after(summary)
     mixture = curate.outputs["mixture"]
     export = export_op(
         dataset_path=dataset_path,
@@ -139,7 +140,7 @@ def data_engine_pipeline(
         mixture=mixture,
         **tables,
     )
-    _limits(export, CPU_TASK)
+    on_cluster(export, resources=CPU_TASK)
     report = report_op(
         dataset_path=dataset_path,
         mlflow_run_id=run_id,
@@ -149,7 +150,7 @@ def data_engine_pipeline(
         mixture=mixture,
         **tables,
     )
-    _limits(report, CPU_TASK)
+    on_cluster(report, resources=CPU_TASK)
     return summary.outputs["Output"]
 
 

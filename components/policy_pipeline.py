@@ -1,9 +1,14 @@
-"""KFP v2 components and pipeline ``flora-policy-rtc``: train (training-time RTC) -> evaluate.
+"""KFP v2 components and pipeline ``flora-policy-rtc``: train (training-time RTC) -> evaluate
+-> register -> promote.
 
-Thin adapters over the same ``flora.policy.lerobot`` functions the Airflow DAG
-``flora_policy_rtc`` calls; both log to one MLflow run. The checkpoint travels as a KFP
-``Model`` artifact. On a cluster the train step asks for a GPU (kept in the compiled YAML;
-``kfp.local`` ignores resources and runs it on CPU).
+Thin adapters over the functions behind the Airflow DAG ``flora_policy_rtc``
+(``flora.policy.lerobot.train_policy``, ``flora.policy.steps.evaluate_step`` — the DAG's
+evaluate task still spells the same logic inline —, ``flora.policy.registry.register_step``,
+``model_registry.promotion.promote``); every step logs to the MLflow run the training
+opened. The checkpoint travels as a KFP
+``Model`` artifact. On a cluster the train step runs on the CUDA image with a GPU, and
+every task gets the shared PVC, the pipeline-env ConfigMap and the object-store Secret
+(:func:`components.platform.on_cluster`; ``kfp.local`` ignores all of it).
 
 Compile: ``python -m components.policy_pipeline`` writes ``components/policy_pipeline.yaml``.
 No ``from __future__ import annotations``: KFP reads the real annotation objects, and only
@@ -16,6 +21,8 @@ from typing import NamedTuple
 
 from kfp import compiler, dsl
 from kfp.dsl import Artifact, Input, Metrics, Model, Output
+
+from components.platform import on_cluster
 
 FLORA_IMAGE = os.environ.get("FLORA_IMAGE", "ghcr.io/flora-robotics/flora:cpu")
 PIPELINE_YAML = Path(__file__).with_suffix(".yaml")
@@ -73,37 +80,54 @@ def evaluate_policy_op(
     metrics: Output[Metrics],
     events_path: str = "",
     max_delay: int = 5,
-) -> float:
-    """Per-delay offline evaluation; returns the training-time/plain latency ratio."""
-    import json
-    import math
+) -> dict:
+    """``flora.policy.steps.evaluate_step``: per-delay offline evaluation, logged to MLflow."""
+    from flora.policy.steps import evaluate_step
 
-    import mlflow
+    ev = evaluate_step(checkpoint.path, dataset_path, report.path, mlflow_run_id,
+                       events=events_path or None, max_delay=max_delay)  # fmt: skip
+    for k, v in ev["metrics"].items():
+        metrics.log_metric(k, v)
+    return ev
 
-    from flora.policy.lerobot import evaluate_policy, load_policy
-    from flora.tracking import mlflow_run
 
-    h = load_policy(checkpoint.path).model.config.horizon
-    delays = tuple(d for d in range(max_delay) if d <= h - max(d, 1))
-    rep = evaluate_policy(checkpoint.path, dataset_path, events=events_path or None, delays=delays)
-    with open(report.path, "w") as f:
-        json.dump(rep, f, indent=2)
-    flat = {f"latency_ms.{m}": v for m, v in rep["latency_ms"].items()}
-    for r in rep["rows"]:
-        flat[f"d{r['d']}.{r['method']}.postfix_mse"] = r["postfix_mse"]
-        if not math.isnan(r["boundary_jump"]):
-            flat[f"d{r['d']}.{r['method']}.boundary_jump"] = r["boundary_jump"]
-    for k, v in flat.items():
-        metrics.log_metric(k, float(v))
-    with mlflow_run("policy_evaluate", run_id=mlflow_run_id):
-        mlflow.log_metrics({f"policy.eval.{k}": v for k, v in flat.items()})
-        mlflow.log_artifact(report.path, artifact_path="policy")
-    return float(rep["latency_ratio_training_time_over_plain"])
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def register_policy_op(
+    dataset_path: str,
+    mlflow_run_id: str,
+    checkpoint: Input[Model],
+    report: Input[Artifact],
+    epochs: int,
+    horizon: int,
+    max_delay: int,
+    hidden: int,
+    depth: int,
+) -> dict:
+    """``flora.policy.registry.register_step``: MLflow model, ``flora-policy@challenger``."""
+    from flora.policy.registry import register_step
+
+    recipe = {"epochs": epochs, "horizon": horizon, "max_delay": max_delay, "hidden": hidden,
+              "depth": depth}  # fmt: skip
+    return register_step(checkpoint.path, report.path, pipeline_run_id=mlflow_run_id,
+                         dataset=dataset_path, recipe=recipe)  # fmt: skip
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def promote_policy_op(registered: dict, evaluated: dict) -> dict:
+    """The promotion gates (``model_registry.promotion``); a refusal is a result."""
+    from model_registry.promotion import promote
+
+    res = promote("policy", registered["version"], actor="kfp:flora-policy-rtc")
+    out = {**registered, "latency_ratio": evaluated["latency_ratio"],
+           "promoted": res.promoted, "champion": res.champion,
+           "gate_reasons": list(res.decision.reasons)}  # fmt: skip
+    return {k: v for k, v in out.items() if v is not None}  # KFP parameters hold no null
 
 
 @dsl.pipeline(
     name="flora-policy-rtc",
-    description="Train the flow-matching action expert with training-time RTC and evaluate it.",
+    description="Train the flow-matching action expert with training-time RTC, evaluate, "
+    "register and promote it.",
 )
 def policy_rtc_pipeline(
     dataset_path: str,
@@ -113,30 +137,26 @@ def policy_rtc_pipeline(
     max_delay: int = 5,
     hidden: int = 128,
     depth: int = 4,
-) -> float:
-    """Returns the measured training-time / plain per-chunk latency ratio."""
-    train = train_policy_op(
-        dataset_path=dataset_path,
-        events_path=events_path,
-        epochs=epochs,
-        horizon=horizon,
-        max_delay=max_delay,
-        hidden=hidden,
-        depth=depth,
+) -> dict:
+    """Returns the registered ``version``, held-out ``metrics``, the training-time / plain
+    ``latency_ratio`` and the promotion's outcome (``promoted``, ``champion``, reasons)."""
+    recipe = {"epochs": epochs, "horizon": horizon, "max_delay": max_delay, "hidden": hidden,
+              "depth": depth}  # fmt: skip
+    train = on_cluster(
+        train_policy_op(dataset_path=dataset_path, events_path=events_path, **recipe), gpu=True
     )
-    train.set_caching_options(False)
-    train.set_cpu_limit("8").set_memory_limit("32G")
-    train.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
-    ev = evaluate_policy_op(
-        dataset_path=dataset_path,
-        mlflow_run_id=train.outputs["mlflow_run_id"],
-        checkpoint=train.outputs["checkpoint"],
-        events_path=events_path,
-        max_delay=max_delay,
-    )
-    ev.set_caching_options(False)
-    ev.set_cpu_limit("2").set_memory_limit("8G")
-    return ev.outputs["Output"]
+    run_id = train.outputs["mlflow_run_id"]
+    ckpt = train.outputs["checkpoint"]
+    ev = on_cluster(
+        evaluate_policy_op(dataset_path=dataset_path, mlflow_run_id=run_id, checkpoint=ckpt,
+                           events_path=events_path, max_delay=max_delay)
+    )  # fmt: skip
+    reg = on_cluster(
+        register_policy_op(dataset_path=dataset_path, mlflow_run_id=run_id, checkpoint=ckpt,
+                           report=ev.outputs["report"], **recipe)
+    )  # fmt: skip
+    promoted = promote_policy_op(registered=reg.output, evaluated=ev.outputs["Output"])
+    return on_cluster(promoted).output
 
 
 def compile_pipeline(path: str | Path = PIPELINE_YAML) -> Path:

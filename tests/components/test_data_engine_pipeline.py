@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.components.helpers import assert_gpu_container, assert_on_cluster, load_compiled
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,25 +35,26 @@ def flora_home(tmp_path, monkeypatch):
 
 def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     monkeypatch.delenv("FLORA_IMAGE", raising=False)
+    monkeypatch.delenv("FLORA_CUDA_IMAGE", raising=False)
     from components.data_engine_pipeline import PIPELINE_YAML, compile_pipeline
 
-    out = compile_pipeline(tmp_path / "p.yaml")
-    fresh = yaml.safe_load(out.read_text())
-    committed = yaml.safe_load(PIPELINE_YAML.read_text())
-    assert fresh == committed, "run `python -m components.data_engine_pipeline` and commit"
+    fresh, k8s = load_compiled(compile_pipeline(tmp_path / "p.yaml"))
+    assert (fresh, k8s) == load_compiled(PIPELINE_YAML), (
+        "run `python -m components.data_engine_pipeline` and commit"
+    )
     execs = fresh["deploymentSpec"]["executors"]
-    assert set(execs) == {
+    assert set(execs) == set(k8s) == {
         f"exec-{n}"
         for n in ("ingest-op", "validate-op", "segment-op", "caption-op", "summary-op",
                   "reward-op", "reward-op-2", "reward-op-3", "curate-op", "export-op",
                   "report-op")
     }  # fmt: skip
     for name, ex in execs.items():
-        c = ex["container"]
-        assert c["image"] == "ghcr.io/flora-robotics/flora:cpu"
-        assert "pip install" not in " ".join(c["command"])  # flora image has everything
-        vlm = name.startswith(("exec-caption", "exec-reward"))
-        assert c["resources"]["resourceCpuLimit"] == ("4" if vlm else "2"), name
+        # The heavy steps are GPU steps (CUDA image, nvidia.com/gpu), as the Airflow DAG's
+        # production pods; every task mounts the PVC and gets the ConfigMap and Secret.
+        gpu = name.startswith(("exec-segment", "exec-caption", "exec-reward"))
+        assert_gpu_container(ex["container"], gpu=gpu)
+        assert_on_cluster(k8s[name], gpu=gpu)
     tasks = fresh["root"]["dag"]["tasks"]
     assert tasks["validate-op"]["dependentTasks"] == ["ingest-op"]
     assert "validate-op" in tasks["segment-op"]["dependentTasks"]

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.components.helpers import assert_gpu_container, assert_on_cluster, load_compiled
 
 
 @pytest.fixture
@@ -28,19 +29,28 @@ def flora_home(tmp_path, monkeypatch):
 
 def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     monkeypatch.delenv("FLORA_IMAGE", raising=False)
+    monkeypatch.delenv("FLORA_CUDA_IMAGE", raising=False)
     from components.policy_pipeline import PIPELINE_YAML, compile_pipeline
 
-    fresh = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
-    committed = yaml.safe_load(PIPELINE_YAML.read_text())
-    assert fresh == committed, "run `python -m components.policy_pipeline` and commit"
+    fresh, k8s = load_compiled(compile_pipeline(tmp_path / "p.yaml"))
+    assert (fresh, k8s) == load_compiled(PIPELINE_YAML), (
+        "run `python -m components.policy_pipeline` and commit"
+    )
     execs = fresh["deploymentSpec"]["executors"]
-    assert set(execs) == {"exec-train-policy-op", "exec-evaluate-policy-op"}
-    train = execs["exec-train-policy-op"]["container"]
-    assert train["image"] == "ghcr.io/flora-robotics/flora:cpu"
-    assert train["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
-    assert "pip install" not in " ".join(train["command"])
+    ops = ("train-policy-op", "evaluate-policy-op", "register-policy-op", "promote-policy-op")
+    assert set(execs) == set(k8s) == {f"exec-{o}" for o in ops}
+    for op in ops:
+        gpu = op == "train-policy-op"
+        assert_gpu_container(execs[f"exec-{op}"]["container"], gpu=gpu)
+        assert_on_cluster(k8s[f"exec-{op}"], gpu=gpu)
     tasks = fresh["root"]["dag"]["tasks"]
     assert tasks["evaluate-policy-op"]["dependentTasks"] == ["train-policy-op"]
+    assert sorted(tasks["register-policy-op"]["dependentTasks"]) == [
+        "evaluate-policy-op", "train-policy-op"
+    ]  # fmt: skip
+    assert sorted(tasks["promote-policy-op"]["dependentTasks"]) == [
+        "evaluate-policy-op", "register-policy-op"
+    ]  # fmt: skip
 
 
 def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tmp_path):
@@ -56,7 +66,10 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tmp_path)
     task = policy_rtc_pipeline(
         dataset_path=str(tiny_dataset), epochs=1, horizon=8, max_delay=3, hidden=16, depth=1
     )
-    assert task.output > 0  # training-time / plain latency ratio
+    out = task.output
+    assert out["latency_ratio"] > 0  # training-time / plain latency ratio
+    assert out["version"] == "1" and isinstance(out["promoted"], bool), out
+    assert out["metrics"]["postfix_mse"] >= 0 and isinstance(out["gate_reasons"], list)
 
     ckpts = list((tmp_path / "kfp_root").rglob("train-policy-op/checkpoint"))
     assert len(ckpts) == 1 and ckpts[0].stat().st_size > 0
@@ -70,7 +83,10 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tmp_path)
     assert len(runs) == 1
     run = runs[0]
     assert run.info.status == "FINISHED"
-    assert run.data.tags["flora.steps"] == "policy_train,policy_evaluate"
+    assert run.data.tags["flora.steps"] == "policy_train,policy_evaluate,policy_register"
+    mv = client.get_model_version("flora-policy", "1")
+    assert mv.tags["flora.training_run_id"] == run.info.run_id and "eval.postfix_mse" in mv.tags
+    assert str(client.get_model_version_by_alias("flora-policy", "challenger").version) == "1"
     assert "policy.loss" in run.data.metrics
     assert "policy.eval.d1.training_time.boundary_jump" in run.data.metrics
     assert Path(str(flora_home)).exists()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
+
+from tests.components.helpers import assert_gpu_container, assert_on_cluster, load_compiled
 
 
 @pytest.fixture
@@ -32,30 +33,30 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     monkeypatch.delenv("FLORA_CUDA_IMAGE", raising=False)
     from components.training_pipeline import PIPELINE_YAML, compile_pipeline
 
-    fresh = yaml.safe_load(compile_pipeline(tmp_path / "p.yaml").read_text())
-    committed = yaml.safe_load(PIPELINE_YAML.read_text())
-    assert fresh == committed, "run `python -m components.training_pipeline` and commit"
+    fresh, k8s = load_compiled(compile_pipeline(tmp_path / "p.yaml"))
+    assert (fresh, k8s) == load_compiled(PIPELINE_YAML), (
+        "run `python -m components.training_pipeline` and commit"
+    )
     execs = fresh["deploymentSpec"]["executors"]
-    ops = ("build-set-op", "sft-op", "grpo-op", "evaluate-op", "register-op")
-    assert set(execs) == {f"exec-{o}" for o in ops}
-    for op in ("sft-op", "grpo-op", "evaluate-op"):
-        c = execs[f"exec-{op}"]["container"]
-        assert c["image"] == "ghcr.io/flora-robotics/flora:cuda"
-        assert c["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
-        assert c["resources"]["accelerator"]["resourceCount"] == "1"
-    for op in ("build-set-op", "register-op"):
-        c = execs[f"exec-{op}"]["container"]
-        assert c["image"] == "ghcr.io/flora-robotics/flora:cpu" and "accelerator" not in c.get(
-            "resources", {}
-        )
-    assert all("pip install" not in " ".join(e["container"]["command"]) for e in execs.values())
+    ops = ("build-set-op", "sft-op", "grpo-op", "evaluate-op", "register-op", "promote-op")
+    assert set(execs) == set(k8s) == {f"exec-{o}" for o in ops}
+    for op in ops:
+        gpu = op in ("sft-op", "grpo-op", "evaluate-op")
+        assert_gpu_container(execs[f"exec-{op}"]["container"], gpu=gpu)
+        # The shared PVC, the pipeline-env ConfigMap, the object-store Secret, the labels.
+        assert_on_cluster(k8s[f"exec-{op}"], gpu=gpu)
     tasks = fresh["root"]["dag"]["tasks"]
     assert tasks["sft-op"]["dependentTasks"] == ["build-set-op"]
     assert sorted(tasks["grpo-op"]["dependentTasks"]) == ["build-set-op", "sft-op"]
-    assert sorted(tasks["register-op"]["dependentTasks"]) == ["evaluate-op", "grpo-op"]
+    assert sorted(tasks["register-op"]["dependentTasks"]) == [
+        "build-set-op", "evaluate-op", "grpo-op"
+    ]  # fmt: skip
+    assert tasks["promote-op"]["dependentTasks"] == ["register-op"]
+    assert all(t["cachingOptions"] == {} for t in tasks.values())  # caching off
 
 
 def test_runs_the_tiny_recipe_locally(flora_home, tiny_dataset, tmp_path):
+    """kfp.local ignores the Kubernetes platform config, images and resources."""
     from kfp import local
     from mlflow.tracking import MlflowClient
 
@@ -66,18 +67,20 @@ def test_runs_the_tiny_recipe_locally(flora_home, tiny_dataset, tmp_path):
         runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp_root")
     )
     task = training_pipeline(
-        recipe="captioner-tiny", dataset_path=str(tiny_dataset), sft_max_steps=1,
-        grpo_max_steps=1, n_boot=20,
+        model="captioner", recipe="tiny", dataset_path=str(tiny_dataset), sft_max_steps=1,
+        grpo_max_steps=1, eval_max_episodes=1, n_boot=20, gates="mechanics",
     )  # fmt: skip
-    version = task.output
-    assert version == "1"
+    out = task.output
+    version = out["version"]
+    assert version == "1" and out["suites_passed"] is True, out
+    # gates=mechanics: only the suites gate, which this run passed.
+    assert out["promoted"] is True and out["champion"] == version, out
 
     client = MlflowClient(tracking_uri=get_settings().tracking_uri)
     mv = client.get_model_version("flora-captioner", version)
-    assert (
-        str(client.get_model_version_by_alias("flora-captioner", "challenger").version) == version
-    )
+    assert str(client.get_model_version_by_alias("flora-captioner", "champion").version) == version
     assert "eval.r_cap" in mv.tags and "eval.parse_rate" in mv.tags and "eval.run_id" in mv.tags
+    assert mv.tags["flora.recipe"] == "captioner-tiny" and mv.tags["flora.dvc_md5"]
     grpo_run = client.get_run(mv.tags["flora.training_run_id"])
     assert grpo_run.data.tags["flora.stage"] == "grpo"
     for k in ("grpo.reward_mean", "grpo.parse_rate", "grpo.kl", "grpo.loss", "grpo.clip_fraction"):
@@ -88,5 +91,13 @@ def test_runs_the_tiny_recipe_locally(flora_home, tiny_dataset, tmp_path):
     reports = list((tmp_path / "kfp_root").rglob("evaluate-op/report"))
     rep = json.loads(reports[0].read_text())
     assert rep["model"] == "captioner" and rep["metrics"]["items"] > 0
-    models = list((tmp_path / "kfp_root").rglob("grpo-op/model/flora_model.json"))
+    assert rep["baseline"] and "eval.r_cap" in rep["baseline"]  # the untrained base, too
+    models = list((tmp_path / "kfp_root").rglob("grpo-op/trained_model/flora_model.json"))
     assert len(models) == 1
+
+
+def test_pod_labels_match_the_airflow_pods():
+    from components.platform import POD_LABELS
+    from flora.orchestration.tasks import POD_LABELS as AIRFLOW_POD_LABELS
+
+    assert POD_LABELS == AIRFLOW_POD_LABELS

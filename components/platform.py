@@ -1,0 +1,113 @@
+"""What every Flora KFP task needs on a cluster, set in one place (``kfp.kubernetes``).
+
+The names come from :class:`flora.settings.FloraSettings` (the same fields the Airflow
+production mode's GPU pods use, ``flora.orchestration.tasks.pod_spec_kwargs``) and from
+``infra/`` (``infra/kfp/settings.md``):
+
+* the ReadWriteMany PVC ``flora-shared`` (``FLORA_SHARED_PVC``) mounted at ``/shared``
+  (``FLORA_SHARED_MOUNT``), so datasets, ``FLORA_HOME`` and every path handed between
+  steps are visible to every pod;
+* every key of the ConfigMap ``flora-pipeline-env`` (``FLORA_POD_CONFIG_MAP``) as an
+  environment variable of the same name (MLflow tracking URI, backends, object store
+  endpoint); the keys are read from ``infra/base/platform/pipeline-env.yaml`` when the
+  pipeline is compiled, so the spec cannot drift from the manifest unnoticed (the YAML
+  drift tests recompile);
+* the object-store credentials from the Secret ``flora-object-store`` (keys
+  ``access-key-id`` / ``secret-access-key`` as ``AWS_ACCESS_KEY_ID`` /
+  ``AWS_SECRET_ACCESS_KEY``, as the MLflow server gets them), never inlined in the spec;
+* the pod labels that let step pods reach the inference pods (NetworkPolicy);
+* for GPU steps: the CUDA image (``FLORA_CUDA_IMAGE``), ``nvidia.com/gpu`` x
+  ``FLORA_GPU_COUNT`` with the GPU CPU / memory limits, the GPU node selector and the
+  ``nvidia.com/gpu:NoSchedule`` toleration.
+
+``kfp.local`` ignores all of this (platform config, images, resources): the same pipeline
+runs on a laptop in tests.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kfp import dsl, kubernetes
+
+from flora.settings import FloraSettings, get_settings
+
+REPO = Path(__file__).resolve().parents[1]
+#: The ConfigMap manifest whose keys every task gets as environment variables.
+PIPELINE_ENV_MANIFEST = REPO / "infra" / "base" / "platform" / "pipeline-env.yaml"
+#: Secret name -> {key: environment variable}; names must be in ``FloraSettings.pod_secrets``.
+SECRET_ENV = {
+    "flora-object-store": {
+        "access-key-id": "AWS_ACCESS_KEY_ID",
+        "secret-access-key": "AWS_SECRET_ACCESS_KEY",
+    }
+}
+#: Same labels as the Airflow step pods (``flora.orchestration.tasks.POD_LABELS``; a test
+#: keeps them equal): ``flora.ai/role=pipeline`` is what the inference pods admit.
+POD_LABELS = {"flora.ai/role": "pipeline", "app.kubernetes.io/part-of": "flora"}
+#: Limits of a CPU task (light steps: ingest, validate, summary, build set, register ...).
+CPU_TASK = {"cpu": "2", "memory": "8G"}
+
+
+def pipeline_env_keys(manifest: Path = PIPELINE_ENV_MANIFEST) -> list[str]:
+    """The keys of the pipeline-env ConfigMap (sorted), read from its manifest."""
+    doc = yaml.safe_load(manifest.read_text())
+    return sorted(doc["data"])
+
+
+def on_cluster(
+    task: dsl.PipelineTask,
+    *,
+    gpu: bool = False,
+    resources: dict[str, str] | None = None,
+    settings: FloraSettings | None = None,
+) -> dsl.PipelineTask:
+    """Give ``task`` the shared volume, environment, credentials, labels and limits.
+
+    ``gpu``: a heavy step (segment, caption, rewards, training, evaluation): CUDA image,
+    accelerator, GPU limits, node selector and tolerations from settings. ``resources``:
+    ``{"cpu", "memory"}`` limits of a CPU task (default :data:`CPU_TASK`). Caching is off:
+    datasets, tables, sets and registry state change under the same inputs.
+    """
+    s = settings or get_settings()
+    task.set_caching_options(False)
+    kubernetes.mount_pvc(task, pvc_name=s.shared_pvc, mount_path=str(s.shared_mount))
+    kubernetes.use_config_map_as_env(
+        task, config_map_name=s.pod_config_map,
+        config_map_key_to_env={k: k for k in pipeline_env_keys()},
+    )  # fmt: skip
+    for name in s.pod_secrets:
+        if name not in SECRET_ENV:
+            raise ValueError(f"secret {name!r} (FLORA_POD_SECRETS) has no key mapping in "
+                             f"components/platform.py SECRET_ENV")  # fmt: skip
+        kubernetes.use_secret_as_env(task, secret_name=name, secret_key_to_env=SECRET_ENV[name])
+    for k, v in POD_LABELS.items():
+        kubernetes.add_pod_label(task, k, v)
+    if not gpu:
+        res = resources or CPU_TASK
+        return task.set_cpu_limit(res["cpu"]).set_memory_limit(res["memory"])
+    task.set_container_image(s.cuda_image)
+    task.set_cpu_limit(s.gpu_cpu).set_memory_limit(s.gpu_memory)
+    task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(s.gpu_count)
+    for key, value in s.gpu_node_selector.items():
+        kubernetes.add_node_selector(task, key, value)
+    for t in s.gpu_tolerations:
+        kubernetes.add_toleration(task, **_toleration(t))
+    return task
+
+
+def _toleration(t: dict[str, Any]) -> dict[str, Any]:
+    # Settings spell tolerations as Kubernetes does (camelCase); kfp.kubernetes wants
+    # snake_case keyword arguments.
+    names = {"tolerationSeconds": "toleration_seconds"}
+    return {names.get(k, k): v for k, v in t.items()}
+
+
+__all__ = [
+    "CPU_TASK",
+    "PIPELINE_ENV_MANIFEST",
+    "POD_LABELS",
+    "SECRET_ENV",
+    "on_cluster",
+    "pipeline_env_keys",
+]
