@@ -113,6 +113,7 @@ def _render_args(op, results: dict[str, object], params: dict) -> tuple[list[str
 
 def test_production_dags_run_heavy_steps_as_gpu_pods(airflow_home, monkeypatch, settings_reset):
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    from airflow.serialization.serialized_objects import DagSerialization
 
     _production_env(monkeypatch)
     # No cluster: the hook only answers what building the pod request asks of it.
@@ -122,6 +123,8 @@ def test_production_dags_run_heavy_steps_as_gpu_pods(airflow_home, monkeypatch, 
         dag = bag.get_dag(dag_id)
         pods = {t.task_id for t in dag.tasks if isinstance(t, KubernetesPodOperator)}
         assert pods == set(heavy), dag_id  # the light steps stay in-process
+        # What the dag-processor stores: the pods' k8s objects must serialize.
+        json.dumps(DagSerialization.to_dict(dag))
         for task_id, step in heavy.items():
             op = dag.get_task(task_id)
             assert op.image == CUDA_IMAGE and op.namespace == "flora"
@@ -297,6 +300,10 @@ def test_pod_command_runs_the_step_as_the_task_does(
 def test_pod_command_refuses_bad_input():
     """An unknown step or non-JSON inputs: a usage error naming the problem (exit 2)."""
     from flora.orchestration.pod import main
+    from flora.orchestration.tasks import step_task
+
+    with pytest.raises(ValueError, match="unknown step 'tokenize'; known steps: caption"):
+        step_task("tokenize")
 
     with pytest.raises(SystemExit) as e:
         main(["tokenize", "--inputs", "{}"])
