@@ -79,7 +79,7 @@ class FloraSettings(BaseSettings):
     gpu_node_selector: dict[str, str] = Field(
         default_factory=lambda: {"nvidia.com/gpu.present": "true"}
     )
-    gpu_tolerations: list[dict[str, str]] = Field(
+    gpu_tolerations: list[dict[str, str | int]] = Field(  # Kubernetes spelling
         default_factory=lambda: [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]

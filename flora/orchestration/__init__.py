@@ -13,6 +13,19 @@ from pathlib import Path
 
 from flora.settings import FloraSettings, get_settings
 
+#: Secret name -> {key: environment variable}. The keys of the Secrets in infra/ are not
+#: environment-variable names (``access-key-id``), so step pods map them explicitly, as
+#: the MLflow server (infra/base/platform/mlflow.yaml) and the vLLM runtime do. A Secret in
+#: ``FLORA_POD_SECRETS`` that is not listed here is mounted whole (``envFrom``; its keys
+#: must then be valid variable names).
+SECRET_ENV: dict[str, dict[str, str]] = {
+    "flora-object-store": {
+        "access-key-id": "AWS_ACCESS_KEY_ID",
+        "secret-access-key": "AWS_SECRET_ACCESS_KEY",
+    },
+    "flora-hf": {"token": "HF_TOKEN"},
+}
+
 
 def shared_path(path: str | Path, what: str, settings: FloraSettings | None = None) -> str:
     """``path`` resolved, as a string fit for XCom.
@@ -36,4 +49,4 @@ def shared_path(path: str | Path, what: str, settings: FloraSettings | None = No
     return str(p)
 
 
-__all__ = ["shared_path"]
+__all__ = ["SECRET_ENV", "shared_path"]

@@ -9,8 +9,8 @@
   ``python -m flora.orchestration.pod <step> --inputs <JSON> --xcom`` (the same
   ``run_step``), with ``nvidia.com/gpu`` limits equal to requests, the GPU tolerations and
   node selector, the shared PVC mounted, its environment from the ``flora-pipeline-env``
-  ConfigMap and Secrets by reference, the label that lets it reach the inference pods,
-  and its return value pushed back to XCom by the sidecar.
+  ConfigMap and Secrets by reference (``SECRET_ENV``), the label that lets it reach the
+  inference pods, and its return value pushed back to XCom by the sidecar.
 
 Inputs are the step's keyword arguments: upstream ``XComArg`` s or JSON values. In a pod
 they arrive as one JSON argument rendered by Airflow's templating
@@ -23,12 +23,14 @@ on the KubernetesExecutor's worker pods (CPU image, same PVC; infra/helm/airflow
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 from airflow.sdk import task
 from airflow.sdk.definitions.xcom_arg import PlainXComArg, XComArg
 
+from flora.orchestration import SECRET_ENV
 from flora.orchestration.steps import STEPS
 from flora.settings import FloraSettings, get_settings
 
@@ -88,15 +90,28 @@ def _in_process(step: str, task_id: str, with_params: bool, **task_kwargs: Any) 
     return lambda **inputs: run_in_process(inputs=inputs)
 
 
+def _snake(d: dict[str, Any]) -> dict[str, Any]:
+    # Settings spell Kubernetes objects as Kubernetes does (tolerationSeconds); the
+    # client's models take snake_case arguments.
+    return {re.sub(r"(?<!^)([A-Z])", r"_\1", k).lower(): v for k, v in d.items()}
+
+
 def pod_spec_kwargs(s: FloraSettings) -> dict[str, Any]:
     """The ``KubernetesPodOperator`` arguments every GPU step pod shares, from settings."""
     from kubernetes.client import models as k8s
 
     resources = {"cpu": s.gpu_cpu, "memory": s.gpu_memory, "nvidia.com/gpu": str(s.gpu_count)}
     env_from = [k8s.V1EnvFromSource(config_map_ref=k8s.V1ConfigMapEnvSource(name=s.pod_config_map))]
-    env_from += [
-        k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=name)) for name in s.pod_secrets
-    ]
+    env: list[k8s.V1EnvVar] = []
+    for name in s.pod_secrets:  # by reference only: no value enters the DAG or the spec
+        if name not in SECRET_ENV:
+            env_from.append(k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=name)))
+            continue
+        env += [
+            k8s.V1EnvVar(name=var, value_from=k8s.V1EnvVarSource(
+                secret_key_ref=k8s.V1SecretKeySelector(name=name, key=key)))
+            for key, var in SECRET_ENV[name].items()
+        ]  # fmt: skip
     return {
         "namespace": s.pod_namespace,
         "image": s.cuda_image,
@@ -106,7 +121,7 @@ def pod_spec_kwargs(s: FloraSettings) -> dict[str, Any]:
         "container_resources": k8s.V1ResourceRequirements(
             requests=dict(resources), limits=dict(resources)
         ),
-        "tolerations": [k8s.V1Toleration(**t) for t in s.gpu_tolerations],
+        "tolerations": [k8s.V1Toleration(**_snake(t)) for t in s.gpu_tolerations],
         "node_selector": dict(s.gpu_node_selector),
         "volumes": [
             k8s.V1Volume(
@@ -118,6 +133,7 @@ def pod_spec_kwargs(s: FloraSettings) -> dict[str, Any]:
         ],
         "volume_mounts": [k8s.V1VolumeMount(name=SHARED_VOLUME, mount_path=str(s.shared_mount))],
         "env_from": env_from,
+        "env_vars": env,
         "do_xcom_push": True,
         "get_logs": True,
         "on_finish_action": "delete_pod",

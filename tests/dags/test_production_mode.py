@@ -55,7 +55,10 @@ def _production_env(monkeypatch, home: str = "/shared/flora") -> None:
         "FLORA_POD_NAMESPACE": "flora",
         "FLORA_GPU_COUNT": "2",
         "FLORA_GPU_NODE_SELECTOR": '{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}',
-        "FLORA_POD_SECRETS": '["flora-object-store", "flora-hf"]',
+        "FLORA_POD_SECRETS": '["flora-object-store", "flora-hf", "team-extra"]',
+        "FLORA_GPU_TOLERATIONS": '[{"key": "nvidia.com/gpu", "operator": "Exists", '
+        '"effect": "NoSchedule"}, {"key": "spot", "operator": "Exists", '
+        '"effect": "NoExecute", "tolerationSeconds": 60}]',
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -142,21 +145,33 @@ def test_production_dags_run_heavy_steps_as_gpu_pods(airflow_home, monkeypatch, 
             assert res.limits == res.requests
             assert res.limits["nvidia.com/gpu"] == "2"
             assert {"cpu", "memory"} <= set(res.limits)
-            assert [(t.key, t.operator, t.effect) for t in spec.tolerations] == [
-                ("nvidia.com/gpu", "Exists", "NoSchedule")
+            assert [
+                (t.key, t.operator, t.effect, t.toleration_seconds) for t in spec.tolerations
+            ] == [
+                ("nvidia.com/gpu", "Exists", "NoSchedule", None),
+                ("spot", "Exists", "NoExecute", 60),
             ]
             assert spec.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
             vols = {v.name: v for v in spec.volumes}
             assert vols["shared"].persistent_volume_claim.claim_name == "flora-shared"
             mounts = {m.name: m.mount_path for m in c.volume_mounts}
             assert mounts["shared"] == "/shared"
+            # The ConfigMap whole; Secrets by reference only: the infra/ Secrets' keys
+            # mapped to variable names, an unmapped Secret whole.
             assert [e.config_map_ref.name for e in c.env_from if e.config_map_ref] == [
                 "flora-pipeline-env"
             ]
-            assert [e.secret_ref.name for e in c.env_from if e.secret_ref] == [
-                "flora-object-store",
-                "flora-hf",
-            ]
+            assert [e.secret_ref.name for e in c.env_from if e.secret_ref] == ["team-extra"]
+            refs = {
+                e.name: (e.value_from.secret_key_ref.name, e.value_from.secret_key_ref.key)
+                for e in c.env
+            }
+            assert refs == {
+                "AWS_ACCESS_KEY_ID": ("flora-object-store", "access-key-id"),
+                "AWS_SECRET_ACCESS_KEY": ("flora-object-store", "secret-access-key"),
+                "HF_TOKEN": ("flora-hf", "token"),
+            }
+            assert all(e.value is None for e in c.env)
             assert pod.metadata.labels["flora.ai/role"] == "pipeline"
             assert pod.metadata.name.startswith("flora-" + re.sub(r"[._]", "-", task_id))
             assert pod.metadata.namespace == "flora"
