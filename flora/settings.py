@@ -73,6 +73,10 @@ class FloraSettings(BaseSettings):
     shared_mount: Path = Path("/shared")
     pod_config_map: str = "flora-pipeline-env"  # envFrom of every step pod
     pod_secrets: list[str] = Field(default_factory=lambda: ["flora-object-store"])
+    # Step pods and Airflow workers write the same files on the shared volume, so they run
+    # as the same user and group (infra/helm/airflow-values.yaml: 50000, fsGroup 0).
+    pod_run_as_user: int = Field(default=50000, ge=1)
+    pod_fs_group: int = Field(default=0, ge=0)
     gpu_count: int = Field(default=1, ge=1)  # nvidia.com/gpu per GPU step (limit = request)
     gpu_cpu: str = "8"
     gpu_memory: str = "64Gi"

@@ -133,6 +133,13 @@ def pod_spec_kwargs(s: FloraSettings) -> dict[str, Any]:
         ],
         "volume_mounts": [k8s.V1VolumeMount(name=SHARED_VOLUME, mount_path=str(s.shared_mount))],
         "env_from": env_from,
+        # Same user and group as the workers: both write the same tables on the volume.
+        "security_context": k8s.V1PodSecurityContext(
+            run_as_non_root=True,
+            run_as_user=s.pod_run_as_user,
+            run_as_group=s.pod_fs_group,
+            fs_group=s.pod_fs_group,
+        ),
         "env_vars": env,
         "do_xcom_push": True,
         "get_logs": True,

@@ -172,6 +172,13 @@ def test_production_dags_run_heavy_steps_as_gpu_pods(airflow_home, monkeypatch, 
                 "HF_TOKEN": ("flora-hf", "token"),
             }
             assert all(e.value is None for e in c.env)
+            sc = spec.security_context  # the workers' user: both write the same files
+            assert (sc.run_as_user, sc.run_as_group, sc.fs_group, sc.run_as_non_root) == (
+                50000,
+                0,
+                0,
+                True,
+            )
             assert pod.metadata.labels["flora.ai/role"] == "pipeline"
             assert pod.metadata.name.startswith("flora-" + re.sub(r"[._]", "-", task_id))
             assert pod.metadata.namespace == "flora"
