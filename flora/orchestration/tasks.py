@@ -161,9 +161,9 @@ def _in_pod(
             **pod_spec_kwargs(s),
             **task_kwargs,
         )
-        # The pod name carries the full task id (TaskGroup prefix included); KPO adds a
-        # random suffix per try.
-        op.name = KubernetesPodOperator._set_name(f"flora-{op.task_id}")
+        # The pod name carries the full task id (TaskGroup prefix included) as a DNS label;
+        # KPO adds a random suffix per try.
+        op.name = re.sub(r"[^a-z0-9-]+", "-", f"flora-{op.task_id}".lower())
         for up in _upstreams(inputs):
             up.operator >> op
         return XComArg(op)
