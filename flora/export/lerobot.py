@@ -158,6 +158,17 @@ def _write_annotations(dst: Path, ann: Any, mixture_path: Path | None) -> dict[s
     return counts
 
 
+def _in_flora_exports(target: Path) -> bool:
+    """True for a folder under ``FLORA_HOME/outputs/exports`` (the DAG's and the demo's
+    export folder), where only Flora writes: there an export from before the owner marker
+    (its ``flora_annotations/manifest.json``) counts as Flora's own. Elsewhere it does not,
+    because ``--in-place`` writes the same file into a user's dataset."""
+    from flora.settings import get_settings
+
+    exports = (get_settings().outputs_dir / "exports").resolve()
+    return exports in target.resolve().parents
+
+
 def _check_target(target: Path, overwrite: bool) -> None:
     """Refuse an ``--out`` that is not free or this export's own earlier output.
 
@@ -167,7 +178,8 @@ def _check_target(target: Path, overwrite: bool) -> None:
     never deletes data it did not write.
     """
     hint = "delete it yourself if it is disposable"
-    if ensure_own_output_dir(target, EXPORT_KIND, hint=hint) and not overwrite:
+    legacy = (f"{ANNOTATIONS_DIR}/manifest.json",) if _in_flora_exports(target) else ()
+    if ensure_own_output_dir(target, EXPORT_KIND, markers=legacy, hint=hint) and not overwrite:
         raise OutputDirError(f"{target} holds an earlier Flora export; pass --overwrite to "
                              "replace it, or choose another --out")  # fmt: skip
 

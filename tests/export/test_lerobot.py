@@ -131,6 +131,36 @@ def test_foreign_target_refused_own_export_replaced_only_with_overwrite(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "exists", "export"]
 
 
+def test_unmarked_export_replaced_only_under_flora_exports(
+    tiny_dataset, oracle_tables, tmp_path, monkeypatch
+):
+    """An export from before the owner marker is replaced where only Flora writes (the
+    DAG's FLORA_HOME/outputs/exports); the same files elsewhere may be a user's dataset
+    exported in place, and are refused."""
+    from flora.export.lerobot import ANNOTATIONS_DIR, export_lerobot
+    from flora.safety import OWNER_MARKER, OutputDirError
+    from flora.settings import get_settings
+
+    monkeypatch.setenv("FLORA_HOME", str(tmp_path / "home"))
+    get_settings.cache_clear()
+    try:
+        for parent, replaced in ((tmp_path / "home" / "outputs" / "exports", True),
+                                 (tmp_path / "elsewhere", False)):  # fmt: skip
+            old = parent / "toy"
+            (old / ANNOTATIONS_DIR).mkdir(parents=True)
+            (old / ANNOTATIONS_DIR / "manifest.json").write_text("{}")
+            (old / "notes.txt").write_text("old")
+            if replaced:
+                export_lerobot(tiny_dataset, oracle_tables, old, overwrite=True)
+                assert (old / OWNER_MARKER).is_file() and not (old / "notes.txt").exists()
+            else:
+                with pytest.raises(OutputDirError, match="not written by Flora"):
+                    export_lerobot(tiny_dataset, oracle_tables, old, overwrite=True)
+                assert (old / "notes.txt").read_text() == "old"
+    finally:
+        get_settings.cache_clear()
+
+
 def test_in_place_and_episode_without_events(tiny_dataset, tmp_path):
     """--in-place adds the column to the source; an episode with no events gets []."""
     from flora.curate.oracle import write_oracle_tables
