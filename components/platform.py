@@ -12,10 +12,12 @@ production mode's GPU pods use, ``flora.orchestration.tasks.pod_spec_kwargs``) a
   endpoint); the keys are read from ``infra/base/platform/pipeline-env.yaml`` when the
   pipeline is compiled, so the spec cannot drift from the manifest unnoticed (the YAML
   drift tests recompile);
-* the object-store credentials from the Secret ``flora-object-store`` (keys
-  ``access-key-id`` / ``secret-access-key`` as ``AWS_ACCESS_KEY_ID`` /
-  ``AWS_SECRET_ACCESS_KEY``, as the MLflow server gets them), never inlined in the spec;
-* the pod labels that let step pods reach the inference pods (NetworkPolicy);
+* the credentials of every Secret in ``FLORA_POD_SECRETS`` (default ``flora-object-store``),
+  key by key as ``flora.orchestration.SECRET_ENV`` maps them (``access-key-id`` ->
+  ``AWS_ACCESS_KEY_ID`` ...), never inlined in the spec;
+* the pod labels that let step pods reach the inference pods (NetworkPolicy), and the
+  user / group of the Airflow workers (``FLORA_POD_RUN_AS_USER`` / ``FLORA_POD_FS_GROUP``),
+  since both write the same files on the shared volume;
 * for GPU steps: the CUDA image (``FLORA_CUDA_IMAGE``), ``nvidia.com/gpu`` x
   ``FLORA_GPU_COUNT`` with the GPU CPU / memory limits, the GPU node selector and the
   ``nvidia.com/gpu:NoSchedule`` toleration.
@@ -30,18 +32,12 @@ from typing import Any
 import yaml
 from kfp import dsl, kubernetes
 
+from flora.orchestration import SECRET_ENV
 from flora.settings import FloraSettings, get_settings
 
 REPO = Path(__file__).resolve().parents[1]
 #: The ConfigMap manifest whose keys every task gets as environment variables.
 PIPELINE_ENV_MANIFEST = REPO / "infra" / "base" / "platform" / "pipeline-env.yaml"
-#: Secret name -> {key: environment variable}; names must be in ``FloraSettings.pod_secrets``.
-SECRET_ENV = {
-    "flora-object-store": {
-        "access-key-id": "AWS_ACCESS_KEY_ID",
-        "secret-access-key": "AWS_SECRET_ACCESS_KEY",
-    }
-}
 #: Same labels as the Airflow step pods (``flora.orchestration.tasks.POD_LABELS``; a test
 #: keeps them equal): ``flora.ai/role=pipeline`` is what the inference pods admit.
 POD_LABELS = {"flora.ai/role": "pipeline", "app.kubernetes.io/part-of": "flora"}
@@ -77,12 +73,15 @@ def on_cluster(
         config_map_key_to_env={k: k for k in pipeline_env_keys()},
     )  # fmt: skip
     for name in s.pod_secrets:
-        if name not in SECRET_ENV:
+        if name not in SECRET_ENV:  # kfp.kubernetes has no envFrom for a whole Secret
             raise ValueError(f"secret {name!r} (FLORA_POD_SECRETS) has no key mapping in "
-                             f"components/platform.py SECRET_ENV")  # fmt: skip
+                             "flora.orchestration.SECRET_ENV")  # fmt: skip
         kubernetes.use_secret_as_env(task, secret_name=name, secret_key_to_env=SECRET_ENV[name])
     for k, v in POD_LABELS.items():
         kubernetes.add_pod_label(task, k, v)
+    # The Airflow workers and step pods write the same files on the shared volume.
+    kubernetes.set_security_context(task, run_as_user=s.pod_run_as_user,
+                                    run_as_group=s.pod_fs_group, run_as_non_root=True)  # fmt: skip
     if not gpu:
         res = resources or CPU_TASK
         return task.set_cpu_limit(res["cpu"]).set_memory_limit(res["memory"])
@@ -107,7 +106,6 @@ __all__ = [
     "CPU_TASK",
     "PIPELINE_ENV_MANIFEST",
     "POD_LABELS",
-    "SECRET_ENV",
     "on_cluster",
     "pipeline_env_keys",
 ]

@@ -28,6 +28,8 @@ def assert_on_cluster(e: dict, *, gpu: bool) -> None:
         "access-key-id": "AWS_ACCESS_KEY_ID", "secret-access-key": "AWS_SECRET_ACCESS_KEY"
     }  # fmt: skip
     assert e["podMetadata"]["labels"]["flora.ai/role"] == "pipeline"
+    # As the Airflow workers (infra/helm/airflow-values.yaml): same files on the volume.
+    assert e["securityContext"] == {"runAsUser": "50000", "runAsGroup": "0", "runAsNonRoot": True}
     if gpu:
         assert e["nodeSelector"] == {"labels": {"nvidia.com/gpu.present": "true"}}
         assert e["tolerations"] == [
