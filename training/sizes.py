@@ -6,7 +6,12 @@
   2 CPU cores within minutes — text hidden 128 x 4 layers (MLP 384), vision 64 x 2,
   ``init_std`` 0.02, frames resized to at most 64 x 64 pixels (2 visual tokens per
   mosaic). DESIGN §6 measured 1.23 M parameters, ~4 examples/s with one torch thread,
-  captioning loss 6.5 -> 0.27 in 10 minutes.
+  captioning loss 6.5 -> 0.27 in 10 minutes. Its token embedding (tied with the LM head)
+  is drawn at ``embed_std`` 0.2 instead of 0.02: the segmenter trains a LoRA only, so the
+  embedding, head and final norm stay frozen, and at std 0.02 the largest logit a
+  perfect hidden state can reach is ``sqrt(128) * 0.02 * sqrt(128) = 2.56`` — a floor of
+  3.95 nats/token on the cross-entropy over the 640-token vocabulary, whatever the LoRA
+  learns (``docs/training.md``, "The small base").
 - ``production``: Qwen3.5 bases from the hub (segmenter: 9B + rank-32 LoRA; captioner and
   rewarder: 27B) loaded through transformers Auto classes; never built.
 
@@ -42,6 +47,8 @@ SMALL_SPEC = TinySpec(
     min_pixels=32 * 32,
     max_pixels=64 * 64,
 )
+# Token-embedding / LM-head scale of ``small`` (module docstring; docs/training.md).
+SMALL_EMBED_STD = 0.2
 
 # Production bases (DESIGN preamble: the released Flora models fine-tune Qwen3.5).
 PRODUCTION_BASES: dict[str, str] = {
@@ -53,11 +60,16 @@ PRODUCTION_BASES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class ModelSize:
-    """One size: a spec to build (tiny/small) or hub ids to load (production)."""
+    """One size: a spec to build (tiny/small) or hub ids to load (production).
+
+    ``embed_std``: when set, the built base's token embedding (tied with the LM head) is
+    redrawn at this standard deviation instead of the spec's ``init_std`` (see ``small``).
+    """
 
     name: str
     spec: TinySpec | None
     family: str = "qwen3_vl"
+    embed_std: float | None = None
 
     @property
     def built(self) -> bool:
@@ -67,7 +79,7 @@ class ModelSize:
 
 SIZES: dict[str, ModelSize] = {
     "tiny": ModelSize("tiny", TINY_SPEC),
-    "small": ModelSize("small", SMALL_SPEC),
+    "small": ModelSize("small", SMALL_SPEC, embed_std=SMALL_EMBED_STD),
     "production": ModelSize("production", None, family="qwen3_5"),
 }
 
@@ -82,10 +94,11 @@ def get_size(name: str) -> ModelSize:
 
 def spec_key(size: ModelSize, seed: int) -> str:
     """Short content key of a built size (spec + family + seed): its cache folder name."""
-    blob = json.dumps(
-        {"spec": asdict(size.spec) if size.spec else None, "family": size.family, "seed": seed},
-        sort_keys=True,
-    )
+    key: dict = {"spec": asdict(size.spec) if size.spec else None, "family": size.family,
+                 "seed": seed}  # fmt: skip
+    if size.embed_std is not None:  # absent otherwise, so tiny's key is unchanged
+        key["embed_std"] = size.embed_std
+    blob = json.dumps(key, sort_keys=True)
     return f"{size.name}-{size.family}-s{seed}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
@@ -106,7 +119,37 @@ def build_base(size: str, out: str | Path, *, seed: int = 0, overwrite: bool = F
     s = get_size(size)
     if s.spec is None:
         raise ValueError(f"size {size!r} is loaded from the hub, not built")
-    return build_tiny_vlm(out, family=s.family, seed=seed, spec=s.spec, overwrite=overwrite)
+    path = build_tiny_vlm(out, family=s.family, seed=seed, spec=s.spec, overwrite=overwrite)
+    if s.embed_std is not None:
+        rescale_embedding(path, s.embed_std, s.spec.init_std)
+    return path
+
+
+EMBED_KEY = "model.language_model.embed_tokens.weight"
+
+
+def rescale_embedding(path: Path, embed_std: float, init_std: float) -> None:
+    """Scale the built base's token embedding from ``init_std`` to ``embed_std``.
+
+    The embedding was drawn from N(0, init_std) (its padding row zero), so multiplying by
+    ``embed_std / init_std`` draws it from N(0, embed_std) with the same seed: the base
+    stays deterministic. The head is tied to it (``tie_word_embeddings``), so both change.
+    The build marker records the scale.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from flora.backends.tiny import TINY_DONE_MARKER
+
+    f = Path(path) / "model.safetensors"
+    sd = load_file(f)
+    if EMBED_KEY not in sd:
+        raise ValueError(f"{f}: no {EMBED_KEY} to rescale")
+    sd[EMBED_KEY] = sd[EMBED_KEY] * (embed_std / init_std)
+    save_file(sd, f, metadata={"format": "pt"})
+    marker = Path(path) / TINY_DONE_MARKER
+    info = json.loads(marker.read_text())
+    info["embed_std"] = embed_std
+    marker.write_text(json.dumps(info, sort_keys=True))
 
 
 def resolve_base(base: str, *, seed: int = 0, cache: Path | None = None) -> Path:
@@ -157,11 +200,13 @@ __all__ = [
     "PRODUCTION_BASES",
     "SIZES",
     "SIZE_NAMES",
+    "SMALL_EMBED_STD",
     "SMALL_SPEC",
     "TINY_SPEC",
     "ModelSize",
     "build_base",
     "default_cache",
     "get_size",
+    "rescale_embedding",
     "resolve_base",
 ]
