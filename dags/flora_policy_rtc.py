@@ -110,37 +110,16 @@ def flora_policy_rtc() -> None:
 
     @task
     def evaluate(state: dict[str, Any]) -> dict[str, Any]:
-        """Offline per-delay evaluation (``flora.policy.lerobot.evaluate_policy``)."""
-        import json
-        import math
+        """Offline per-delay evaluation (``flora.policy.steps.evaluate_step``)."""
         from pathlib import Path
 
-        import mlflow
+        from flora.policy.steps import evaluate_step
 
-        from flora.policy.lerobot import evaluate_policy
-        from flora.tracking import mlflow_run
-
-        h = state["train"]["horizon"]
-        delays = tuple(d for d in range(state["train"]["max_delay"]) if d <= h - max(d, 1))
-        report = evaluate_policy(
-            state["checkpoint"], state["dataset_path"], events=state["events"], delays=delays
-        )
-        out = Path(state["policy_dir"]) / "evaluation.json"
-        out.write_text(json.dumps(report, indent=2))
-        with mlflow_run("policy_evaluate", run_id=state["mlflow_run_id"]):
-            metrics = {f"policy.eval.latency_ms.{m}": v for m, v in report["latency_ms"].items()}
-            for r in report["rows"]:
-                key = f"policy.eval.d{r['d']}.{r['method']}"
-                metrics[f"{key}.postfix_mse"] = r["postfix_mse"]
-                if not math.isnan(r["boundary_jump"]):
-                    metrics[f"{key}.boundary_jump"] = r["boundary_jump"]
-            mlflow.log_metrics(metrics)
-            mlflow.log_artifact(str(out), artifact_path="policy")
-        return {
-            **state,
-            "evaluation": str(out),
-            "latency_ratio": report["latency_ratio_training_time_over_plain"],
-        }
+        rep = evaluate_step(state["checkpoint"], state["dataset_path"],
+                            Path(state["policy_dir"]) / "evaluation.json",
+                            state["mlflow_run_id"], events=state["events"],
+                            max_delay=state["train"]["max_delay"])  # fmt: skip
+        return {**state, "evaluation": rep["evaluation"], "latency_ratio": rep["latency_ratio"]}
 
     @task
     def register(state: dict[str, Any]) -> dict[str, Any]:
