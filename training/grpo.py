@@ -736,6 +736,9 @@ def train_grpo(
     if max_steps is not None:
         cfg = replace(cfg, max_steps=int(max_steps))
     out = Path(output_dir)
+    from training.sft import check_model_out
+
+    check_model_out(out / "model")  # refuse a foreign folder before any rollout, not after
     rank, world = init_distributed(local_rank)
     torch.manual_seed(cfg.seed + rank)
     np.random.seed(cfg.seed)

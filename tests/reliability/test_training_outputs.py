@@ -156,3 +156,15 @@ def test_export_replaces_only_an_earlier_model(tmp_path, monkeypatch):
     assert man["format"] == "flora-model/1" and "tag" not in man
     assert (dst / "model" / "model.safetensors").read_bytes() == b"trained"
     assert sorted(p.name for p in dst.parent.iterdir()) == ["model"]
+
+
+def test_train_grpo_refuses_a_users_folder_before_any_rollout(tmp_path):
+    from training.grpo import train_grpo
+
+    out = tmp_path / "grpo"
+    files = _user_data(out / "model")
+    # The SFT model and the set do not exist: the refusal must come before they are read.
+    with pytest.raises(OutputDirError, match=f"{out / 'model'} is not empty"):
+        train_grpo("captioner-tiny", tmp_path / "no-sft", tmp_path / "no-set", out,
+                   log_mlflow=False, progress=False)  # fmt: skip
+    assert _tree(out) == {f"model/{k}": v for k, v in files.items()}
