@@ -52,3 +52,15 @@ def test_small_base_is_deterministic_and_keyed_by_its_scale(tmp_path) -> None:
     assert spec_key(SIZES["small"], 0) != spec_key(old, 0)
     # ... and tiny, which has none, keeps its key and its init_std (CI mechanics).
     assert SIZES["tiny"].embed_std is None and SIZES["tiny"].spec == TINY_SPEC
+
+
+def test_small_segmenter_rollouts_have_the_engines_token_budget() -> None:
+    """GRPO rollouts capped below the segment request's budget would cut a correct answer
+    of a busy window to an unparseable one (reward 0) — the small recipe does not."""
+    import inspect
+
+    from flora.segment.run import segment_episode
+    from training.recipe import load_recipe
+
+    budget = inspect.signature(segment_episode).parameters["max_new_tokens"].default
+    assert load_recipe("segmenter-small").grpo.max_new_tokens >= budget
