@@ -475,8 +475,18 @@ def main() -> None:
     print(md)
     if args.write_docs:
         plot(results, ROOT / "docs" / "img" / args.plot)
-        with (ROOT / "docs" / "benchmarks.md").open("a") as f:
-            f.write("\n" + md)
+        doc = ROOT / "docs" / "benchmarks.md"
+        doc.write_text(insert_section(doc.read_text(), md))
+
+
+def insert_section(doc: str, md: str) -> str:
+    """``doc`` with ``md`` placed after the last "Learning" section (the Learning runs stay
+    together, newest last), or at the end when there is none."""
+    last = doc.rfind("\n## Learning:")
+    nxt = doc.find("\n## ", last + 1) if last >= 0 else -1
+    if nxt < 0:
+        return doc.rstrip("\n") + "\n\n" + md.rstrip("\n") + "\n"
+    return doc[: nxt + 1] + md.rstrip("\n") + "\n\n" + doc[nxt + 1 :]
 
 
 if __name__ == "__main__":
