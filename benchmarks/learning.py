@@ -15,8 +15,9 @@ on its own prompts: the mean sampled reward (G completions at temperature 1) of 
 and the GRPO model on the same training prompts.
 
 Results (JSON per stage, resumable) go under ``--work``; the markdown table is printed and,
-with ``--write-docs``, appended to ``docs/benchmarks.md`` with a plot in
-``docs/img/learning.png``. ``--quick`` shortens every schedule (minutes on 2 CPU cores).
+with ``--write-docs``, inserted after the last "Learning" section of ``docs/benchmarks.md``
+with a plot in ``docs/img/<--plot>``. ``--quick`` shortens every schedule (minutes on 2
+CPU cores). ``--sft-steps N`` runs the recipe's schedule compressed to N steps.
 
     OMP_NUM_THREADS=1 python benchmarks/learning.py --quick --write-docs
 """
