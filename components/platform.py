@@ -32,15 +32,12 @@ from typing import Any
 import yaml
 from kfp import dsl, kubernetes
 
-from flora.orchestration import SECRET_ENV
+from flora.orchestration import POD_LABELS, SECRET_ENV
 from flora.settings import FloraSettings, get_settings
 
 REPO = Path(__file__).resolve().parents[1]
 #: The ConfigMap manifest whose keys every task gets as environment variables.
 PIPELINE_ENV_MANIFEST = REPO / "infra" / "base" / "platform" / "pipeline-env.yaml"
-#: Same labels as the Airflow step pods (``flora.orchestration.tasks.POD_LABELS``; a test
-#: keeps them equal): ``flora.ai/role=pipeline`` is what the inference pods admit.
-POD_LABELS = {"flora.ai/role": "pipeline", "app.kubernetes.io/part-of": "flora"}
 #: Limits of a CPU task (light steps: ingest, validate, summary, build set, register ...).
 CPU_TASK = {"cpu": "2", "memory": "8G"}
 

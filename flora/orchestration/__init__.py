@@ -13,6 +13,10 @@ from pathlib import Path
 
 from flora.settings import FloraSettings, get_settings
 
+#: Labels of every pipeline pod (Airflow step pods, KFP steps): the inference pods'
+#: NetworkPolicy admits ``flora.ai/role=pipeline``.
+POD_LABELS: dict[str, str] = {"flora.ai/role": "pipeline", "app.kubernetes.io/part-of": "flora"}
+
 #: Secret name -> {key: environment variable}. The keys of the Secrets in infra/ are not
 #: environment-variable names (``access-key-id``), so step pods map them explicitly, as
 #: the MLflow server (infra/base/platform/mlflow.yaml) and the vLLM runtime do. A Secret in
@@ -49,4 +53,4 @@ def shared_path(path: str | Path, what: str, settings: FloraSettings | None = No
     return str(p)
 
 
-__all__ = ["SECRET_ENV", "shared_path"]
+__all__ = ["POD_LABELS", "SECRET_ENV", "shared_path"]

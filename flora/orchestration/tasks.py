@@ -30,7 +30,7 @@ from typing import Any
 from airflow.sdk import task
 from airflow.sdk.definitions.xcom_arg import PlainXComArg, XComArg
 
-from flora.orchestration import SECRET_ENV
+from flora.orchestration import POD_LABELS, SECRET_ENV
 from flora.orchestration.steps import STEPS
 from flora.settings import FloraSettings, get_settings
 
@@ -38,7 +38,6 @@ from flora.settings import FloraSettings, get_settings
 POD_COMMAND = ["python", "-m", "flora.orchestration.pod"]
 #: Labels every step pod carries: flora.ai/role=pipeline is what the inference pods'
 #: NetworkPolicy admits (infra/base/serving/networkpolicy.yaml).
-POD_LABELS = {"flora.ai/role": "pipeline", "app.kubernetes.io/part-of": "flora"}
 SHARED_VOLUME = "shared"
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from tests.components.helpers import assert_gpu_container, assert_on_cluster, load_compiled
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -96,8 +99,16 @@ def test_runs_the_tiny_recipe_locally(flora_home, tiny_dataset, tmp_path):
     assert len(models) == 1
 
 
-def test_pod_labels_match_the_airflow_pods():
-    from components.platform import POD_LABELS
-    from flora.orchestration.tasks import POD_LABELS as AIRFLOW_POD_LABELS
+def test_kfp_platform_config_does_not_import_airflow():
+    """KFP pods share the Airflow pods' labels and secret mapping without importing Airflow:
+    Airflow reads AIRFLOW_HOME once, at first import, so an import from here would bind
+    every later DAG test in the process to the wrong metadata DB."""
+    import subprocess
+    import sys
 
-    assert POD_LABELS == AIRFLOW_POD_LABELS
+    code = (
+        "import sys, components.platform, flora.orchestration as o; "
+        "assert components.platform.POD_LABELS is o.POD_LABELS; "
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'airflow']"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
