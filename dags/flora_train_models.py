@@ -186,15 +186,9 @@ def flora_train_models() -> None:
     @task(trigger_rule="all_done", retries=0)
     def finalize(ti: Any = None, dag_run: Any = None) -> str:
         """Close the parent MLflow run: FAILED when any task of this DAG run failed."""
-        from flora.tracking import finish_pipeline_run
+        from flora.tracking import finish_dag_run
 
-        run_id = str(getattr(dag_run, "run_id", ""))
-        states = ti.get_task_states(dag_id=DAG_ID, run_ids=[run_id]).get(run_id, {})
-        states = {k: v for k, v in states.items() if k != "finalize"}
-        prepared = ti.xcom_pull(task_ids="prepare") or {}
-        if not prepared.get("mlflow_run_id"):
-            return "no parent run (prepare failed)"
-        return finish_pipeline_run(prepared["mlflow_run_id"], states)
+        return finish_dag_run(ti, dag_run, DAG_ID)
 
     state = prepare()
     ends = []

@@ -147,6 +147,19 @@ def finish_pipeline_run(run_id: str, task_states: Mapping[str, str]) -> str:
     return status
 
 
+def finish_dag_run(ti: Any, dag_run: Any, dag_id: str, *, prepare_task: str = "prepare",
+                   own_task: str = "finalize") -> str:  # fmt: skip
+    """A DAG's ``finalize`` task: close the parent run ``prepare_task`` opened, FAILED when
+    any other task of this DAG run failed. ``ti``/``dag_run``: the Airflow task context."""
+    run_id = str(getattr(dag_run, "run_id", ""))
+    states = ti.get_task_states(dag_id=dag_id, run_ids=[run_id]).get(run_id, {})
+    states = {k: v for k, v in states.items() if k != own_task}
+    prepared = ti.xcom_pull(task_ids=prepare_task) or {}
+    if not prepared.get("mlflow_run_id"):
+        return f"no parent run ({prepare_task} failed)"
+    return finish_pipeline_run(prepared["mlflow_run_id"], states)
+
+
 def _is_parent(run: Any) -> bool:
     return run.data.tags.get(PARENT_TAG) == "1"
 
