@@ -75,6 +75,11 @@ class Recipe(_Strict):
     base: str = Field(description="'tiny' | 'small' (built here), a checkpoint dir or a hub id")
     family: Literal["qwen3_vl", "qwen2_5_vl", "qwen3_5"] = "qwen3_vl"
     base_seed: int = 0
+    init_from: str | None = Field(
+        None,
+        description="an exported Flora model (full weights, same model and base) whose "
+        "weights start SFT; 'base' stays the architecture, processor and untrained reference",
+    )
     trainable: tuple[str, ...]
     lora_rank: int | None = Field(None, ge=1)
     lora_alpha: int | None = Field(None, ge=1)
@@ -128,6 +133,11 @@ class Recipe(_Strict):
             raise ValueError("vision_lr is set but the vision encoder is frozen")
         if self.vision_lr is not None and self.vision_lr > self.lr:
             raise ValueError(f"vision_lr {self.vision_lr} must not exceed lr {self.lr}")
+        if self.init_from is not None and self.lora_rank is not None:
+            raise ValueError(
+                "init_from starts full fine-tuning from released weights; "
+                "a LoRA recipe (segmenter) starts from its base"
+            )
         if self.model == "rewarder" and self.grpo is not None:
             raise ValueError("no RL for the rewarder (DESIGN §3.5): drop the grpo section")
         return self

@@ -553,6 +553,7 @@ def train_sft(
     except (FileNotFoundError, ValueError) as e:
         raise TrainingError(f"recipe {recipe.model}-{recipe.size}: missing base: {e}") from e
     base_id = f"{recipe.base}@{fingerprint_dir(base_dir)[:16]}"
+    init = resolve_init(recipe, base_id)
     processor = load_processor(base_dir, "images")
     device = torch.device(
         f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
@@ -560,7 +561,8 @@ def train_sft(
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed)  # LoRA init is seeded, independent of the caller
-        model = AutoModelForImageTextToText.from_pretrained(str(base_dir), dtype=dtype)
+        weights = init.weights if init else base_dir
+        model = AutoModelForImageTextToText.from_pretrained(str(weights), dtype=dtype)
         check_processor(processor, model, str(base_dir))
         if recipe.gradient_checkpointing:
             model.gradient_checkpointing_enable(
@@ -614,7 +616,7 @@ def train_sft(
         _set_rng_state(client["rng"][rank] if rank < len(client["rng"]) else client["rng"][0])
         assert step == man["step"]
 
-    mlf = _MLflow(recipe, set_path, base_dir, base_id, rank, log_mlflow, system_metrics)
+    mlf = _MLflow(recipe, set_path, base_dir, base_id, rank, log_mlflow, system_metrics, init)
     last_loss = float("nan")
     stopped_early = False
     bar = tqdm(
@@ -683,7 +685,9 @@ def train_sft(
                     rec["eval_loss"] = ev
                     if best is None or ev < best:
                         best, bad_evals = ev, 0
-                        _export(engine, recipe, base_dir, base_id, out / "best", rank, set_path)
+                        _export(
+                            engine, recipe, base_dir, base_id, out / "best", rank, set_path, init
+                        )
                     else:
                         bad_evals += 1
             mlf.log_step(rec)
@@ -709,7 +713,7 @@ def train_sft(
             if rank == 0:
                 _replace(out / "best", final)
         else:
-            _export(engine, recipe, base_dir, base_id, final, rank, set_path)
+            _export(engine, recipe, base_dir, base_id, final, rank, set_path, init)
         _barrier()
         result = SFTResult(recipe.model, out, final, step, last_loss, best, stopped_early, history)
         mlf.finish(result, final, register)
@@ -810,6 +814,7 @@ def _export(
     dst: Path,
     rank: int,
     set_path: Path,
+    init: InitWeights | None = None,
 ) -> None:
     """Write the model (adapter + base, or full weights + processor) to ``dst`` atomically."""
     module = engine.module
@@ -846,6 +851,8 @@ def _export(
             "set_manifest": read_manifest(set_path),
             "git_commit": _git_commit(),
         }
+        if init is not None:
+            man["init_from"] = init.lineage()
         man["files"] = {
             p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }
@@ -857,6 +864,52 @@ def _export(
         tmp.rename(dst)
         shutil.rmtree(old, ignore_errors=True)
     _barrier()
+
+
+@dataclass(frozen=True)
+class InitWeights:
+    """Released weights that start a full fine-tune (recipe ``init_from``), verified."""
+
+    root: Path
+    weights: Path  # the HF model folder inside the export
+    sha256: str  # of its model.safetensors
+    source_git_commit: str
+
+    def lineage(self) -> dict[str, str]:
+        return {"path": str(self.root), "sha256": self.sha256,
+                "git_commit": self.source_git_commit}  # fmt: skip
+
+
+def resolve_init(recipe: Recipe, base_id: str) -> InitWeights | None:
+    """The verified export named by ``recipe.init_from`` (None when unset).
+
+    A relative path is tried from the working directory, then from the repository root (the
+    released ``models/`` live there). Refused with the reason: not an intact Flora export,
+    another model's weights, an adapter, or weights of a different base (architecture or
+    tokenizer), which would load with mismatched shapes or token ids.
+    """
+    if recipe.init_from is None:
+        return None
+    p = Path(recipe.init_from).expanduser()
+    if not p.is_absolute() and not p.exists():
+        p = Path(__file__).resolve().parents[1] / p
+    where = f"recipe {recipe.model}-{recipe.size}: init_from {recipe.init_from!r}"
+    if not p.is_dir():
+        raise TrainingError(f"{where}: no such directory")
+    try:
+        man = verify_model_dir(p)
+    except TrainingError as e:
+        raise TrainingError(f"{where}: {e}") from None
+    if man.get("model") != recipe.model:
+        raise TrainingError(f"{where}: holds a {man.get('model')} model, not a {recipe.model}")
+    if man.get("kind") != "full":
+        raise TrainingError(f"{where}: holds {man.get('kind')} weights, not full weights")
+    if man.get("base_id") != base_id:
+        raise TrainingError(
+            f"{where}: trained over base {man.get('base_id')}, the recipe's base is {base_id}"
+        )
+    digest = man["files"].get("model/model.safetensors", "")
+    return InitWeights(p.resolve(), p.resolve() / "model", digest, str(man.get("git_commit", "")))
 
 
 def model_paths(model_dir: str | Path) -> tuple[Path | str, Path | None]:
@@ -898,7 +951,9 @@ class _MLflow:
         rank: int,
         enabled: bool,
         system_metrics: bool,
+        init: InitWeights | None = None,
     ) -> None:
+        self.init = init
         self.recipe, self.set_path, self.base_dir, self.base_id = (
             recipe,
             set_path,
@@ -921,6 +976,11 @@ class _MLflow:
             "flora.recipe.digest": self.recipe.digest(),
             "flora.base": self.recipe.base,
             "flora.base_id": self.base_id,
+            **(
+                {f"flora.init_from.{k}": v for k, v in self.init.lineage().items()}
+                if self.init
+                else {}
+            ),
         }
 
     def start(self) -> None:
@@ -996,6 +1056,7 @@ class _MLflow:
 __all__ = [
     "CheckpointError",
     "DivergedError",
+    "InitWeights",
     "SFTResult",
     "TrainingError",
     "apply_trainable",
@@ -1004,6 +1065,7 @@ __all__ = [
     "encode_items",
     "init_distributed",
     "model_paths",
+    "resolve_init",
     "stream_indices",
     "summed_ce",
     "train_sft",
