@@ -573,7 +573,10 @@ def train_sft(
     model.train()
 
     train_items = encode_items(train, processor)
-    eval_pool = held[: recipe.eval_examples] if recipe.eval_examples else held
+    # The *last* held-out examples choose the checkpoint: evaluation reports take whole
+    # held-out episodes from the front (training.evaluate.heldout_examples), so with enough
+    # held-out episodes the model is not scored on the episodes that selected it.
+    eval_pool = held[-recipe.eval_examples :] if recipe.eval_examples else held
     eval_items = encode_items(eval_pool, processor)
     gb = recipe.micro_batch * recipe.grad_accum * world
     total_steps = recipe.max_steps or math.ceil(recipe.epochs * len(train_items) / gb)
