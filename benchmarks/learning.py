@@ -446,6 +446,13 @@ def main() -> None:
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--plot", default="learning.png", help="file name under docs/img/")
     ap.add_argument("--date", default=None, help="date written in the report (default: today)")
+    ap.add_argument(
+        "--release",
+        type=Path,
+        default=None,
+        help="copy the full-weight SFT models (captioner, rewarder) to DIR/<model> "
+        "with their held-out results (training.release; make demo's init_from)",
+    )
     args = ap.parse_args()
     q = args.quick
     args.episodes = args.episodes or (16 if q else 40)
@@ -474,10 +481,36 @@ def main() -> None:
     wall.write_text(json.dumps({"seconds": spent}))
     md = markdown(results, args, spent)
     print(md)
+    if args.release:
+        release(results, args)
     if args.write_docs:
         plot(results, ROOT / "docs" / "img" / args.plot)
         doc = ROOT / "docs" / "benchmarks.md"
         doc.write_text(insert_section(doc.read_text(), md))
+
+
+def release(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Release each full-weight model's SFT export with what this run measured of it."""
+    import datetime
+
+    from training.release import release_model
+
+    for res in results:
+        model = res["model"]
+        if model == "segmenter":  # a LoRA over the random base: nothing to start from
+            continue
+        card = {
+            "trained_by": f"python benchmarks/learning.py {_argv()}",
+            "date": args.date or datetime.date.today().isoformat(),
+            "data": {"toy_world_seed": args.seed, "episodes": args.episodes,
+                     "heldout_share": args.split, "train_examples": res["train_examples"]},
+            "sft": res.get("sft", {}),
+            "heldout": {"episodes": res["heldout_episodes"], "items": res["heldout_examples"],
+                        "variants": res["variants"]},
+            "note": "the demo's toy world (seed 0) is not part of this data",
+        }  # fmt: skip
+        dst = release_model(args.work / model / "sft" / "model", args.release / model, card)
+        _log(f"{model}: released to {dst}")
 
 
 def insert_section(doc: str, md: str) -> str:

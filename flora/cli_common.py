@@ -364,6 +364,17 @@ def _data_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def _training_error_types() -> tuple[type[BaseException], ...]:
+    """Refusals of the trainers (bad set, base, checkpoint, init weights; divergence)."""
+    import sys
+
+    types: list[type[BaseException]] = []
+    for mod, name in (("training.sft", "TrainingError"), ("training.sets", "SetError")):
+        if mod in sys.modules:  # raised only after the module was imported
+            types.append(getattr(sys.modules[mod], name))
+    return tuple(types)
+
+
 def _command_path(cmd: Any, args: Sequence[str], prog_name: str) -> str:
     """``flora reward outcome`` from the argv (best effort, for error lines)."""
     parts = [prog_name]
@@ -430,6 +441,9 @@ def run_app(app: typer.Typer, args: Sequence[str] | None = None, prog_name: str 
             traceback.print_exc()
         if isinstance(e, _data_error_types()):
             say(f"{where}: data error: {e}")
+            return EXIT_FAILED
+        if isinstance(e, _training_error_types()):  # a refused run: its reason, no traceback
+            say(f"{where}: error: {e}")
             return EXIT_FAILED
         if type(e).__name__ == "ValidationError" and getattr(e, "title", "") == "FloraSettings":
             say(f"{where}: error: bad FLORA_* setting: {e}")

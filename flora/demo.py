@@ -450,6 +450,7 @@ def main(
             watch=_TASK_START,
         )
         closed = _close_loop(repo, dataset, env, log, conf)
+        closed["recipe"] = recipe
 
     # 5. Where things are.
     _summary(home, dataset, env, time.perf_counter() - t_start, closed)
@@ -627,12 +628,40 @@ def _models_summary(home: Path, closed: dict[str, Any]) -> None:
             f"{_fmt(flat.get('eval.parse_rate'))} / {_fmt(base.get('eval.parse_rate'))}",
         )
     console.print(mt)
+    for line in release_notes(closed.get("recipe", "demo")):
+        console.print(f"  {line}")
     st = Table(title="Served pass scored against the toy world's ground truth")
     st.add_column("table")
     st.add_column("metrics", overflow="fold")
     for name, m in closed["scores"].items():
         st.add_row(name, ", ".join(f"{k}={_fmt(v)}" for k, v in list(m.items())[:12]))
     console.print(st)
+
+
+def release_notes(recipe: str) -> list[str]:
+    """Where each model's fine-tune started: the released weights of its recipe's
+    ``init_from`` (training.release) with what they measured, or its random base."""
+    from training.evaluate import HEADLINE
+    from training.recipe import load_recipe
+    from training.release import read_release
+    from training.sft import init_path
+
+    out = []
+    for model in DEMO_MODELS:
+        r = load_recipe(f"{model}-{recipe}")
+        if r.init_from is None:
+            out.append(f"{model}: trained from its random {r.base} base")
+            continue
+        card = read_release(init_path(r.init_from))
+        sft = card["heldout"]["variants"].get("SFT", {}).get("metrics", {})
+        data = card.get("data", {})
+        out.append(
+            f"{model}: fine-tuned from {r.init_from} (released {card.get('date', '?')}, "
+            f"trained on {data.get('episodes', '?')} episodes of toy world seed "
+            f"{data.get('toy_world_seed', '?')}; its own held-out {HEADLINE[model]} "
+            f"{_fmt(sft.get(HEADLINE[model]))}, parse rate {_fmt(sft.get('parse_rate'))})"
+        )
+    return out
 
 
 def _fmt(v: Any) -> str:

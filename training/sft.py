@@ -883,6 +883,14 @@ class InitWeights:
                 "git_commit": self.source_git_commit}  # fmt: skip
 
 
+def init_path(init_from: str) -> Path:
+    """A recipe's ``init_from`` folder: as given, else relative to the repository root."""
+    p = Path(init_from).expanduser()
+    if not p.is_absolute() and not p.exists():
+        p = Path(__file__).resolve().parents[1] / p
+    return p
+
+
 def resolve_init(recipe: Recipe, base_id: str) -> InitWeights | None:
     """The verified export named by ``recipe.init_from`` (None when unset).
 
@@ -893,9 +901,7 @@ def resolve_init(recipe: Recipe, base_id: str) -> InitWeights | None:
     """
     if recipe.init_from is None:
         return None
-    p = Path(recipe.init_from).expanduser()
-    if not p.is_absolute() and not p.exists():
-        p = Path(__file__).resolve().parents[1] / p
+    p = init_path(recipe.init_from)
     where = f"recipe {recipe.model}-{recipe.size}: init_from {recipe.init_from!r}"
     if not p.is_dir():
         raise TrainingError(f"{where}: no such directory")
@@ -1067,6 +1073,7 @@ __all__ = [
     "deepspeed_config",
     "encode_items",
     "init_distributed",
+    "init_path",
     "model_paths",
     "resolve_init",
     "stream_indices",
