@@ -432,6 +432,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short schedules (minutes per model)")
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument(
+        "--full-durations",
+        action="store_true",
+        help="with --quick: episodes of the generator's 5 s-3 min, not 12-45 s",
+    )
     ap.add_argument("--work", type=Path, default=Path("/tmp/flora-learning"))
     ap.add_argument("--episodes", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
@@ -463,11 +468,15 @@ def main() -> None:
     t0 = time.perf_counter()
     from flora.data.synth import generate
 
-    dataset = args.work / f"toy_{args.episodes}_{args.seed}{'_quick' if q else ''}"
+    tag = "_quick" if q and not args.full_durations else ""
+    dataset = args.work / f"toy_{args.episodes}_{args.seed}{tag}"
     if not (dataset / "ground_truth").is_dir():
         _log(f"generating {args.episodes} toy-world episodes")
         # --quick: short episodes (fewer windows per episode); full: the generator's 5 s-3 min.
-        durs = [(12.0, 20.0, 30.0, 45.0)[i % 4] for i in range(args.episodes)] if q else None
+        # --full-durations: the generator's 5 s-3 min even with --quick (the task families
+        # follow the length, and make demo's toy world has them all).
+        short = q and not args.full_durations
+        durs = [(12.0, 20.0, 30.0, 45.0)[i % 4] for i in range(args.episodes)] if short else None
         generate(dataset, episodes=args.episodes, seed=args.seed, durations_s=durs,
                  progress=False)  # fmt: skip
     results = []

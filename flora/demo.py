@@ -11,8 +11,9 @@
    episodes (its outputs are mostly rejected and recorded as failures with reasons).
 4. Close the loop (skipped with ``--no-train``): the ``flora_train_models`` DAG builds the
    sets, trains the three ``small`` Flora models on the short ``*-demo`` recipes (SFT; GRPO
-   for segmenter and captioner), evaluates each on held-out episodes beside its untrained
-   self, registers it, applies the promotion gates and renders its deployment. Each
+   for segmenter and captioner; the captioner and rewarder fine-tune the project's released
+   ``models/small`` weights, the segmenter's LoRA starts from its random base), evaluates
+   each on held-out episodes beside its untrained (random) self, registers it, applies the promotion gates and renders its deployment. Each
    model's ``champion`` (else its latest ``challenger``; the segmenter only as champion,
    the kinematic baseline otherwise) is served with ``flora serve`` on loopback, and the
    data-engine DAG runs again through those HTTP endpoints in its own ``FLORA_HOME``.
