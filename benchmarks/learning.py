@@ -371,15 +371,20 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
             if s is None or math.isnan(s):
                 continue
             lower = c in LOWER_IS_BETTER
-            beaten = []
+            beaten, ceiling = [], []
+            best = 0.0 if lower else 1.0  # judged metrics: rates in [0, 1], errors >= 0
             for n, x in v.items():
                 o = x["metrics"].get(c)
                 if n in ("SFT", "SFT+GRPO") or o is None or math.isnan(o):
                     continue
-                if (s >= o) if lower else (s <= o):
+                if s == o == best:
+                    ceiling.append(n)  # a tie at the best possible value cannot be beaten
+                elif (s >= o) if lower else (s <= o):
                     beaten.append(n)
             if beaten:
                 out.append(f"  - SFT does not beat {', '.join(beaten)} on {c} ({s:.3f}).")
+            if ceiling:
+                out.append(f"  - SFT ties {', '.join(ceiling)} on {c} at its ceiling ({s:.3f}).")
         g = v.get("SFT+GRPO")
         if g is not None:
             key = "r_seg" if m == "segmenter" else "r_cap"
