@@ -13,10 +13,11 @@
    sets, trains the three ``small`` Flora models on the short ``*-demo`` recipes (SFT; GRPO
    for segmenter and captioner; the captioner and rewarder fine-tune the project's released
    ``models/small`` weights, the segmenter's LoRA starts from its random base), evaluates
-   each on held-out episodes beside its untrained (random) self, registers it, applies the promotion gates and renders its deployment. Each
-   model's ``champion`` (else its latest ``challenger``; the segmenter only as champion,
-   the kinematic baseline otherwise) is served with ``flora serve`` on loopback, and the
-   data-engine DAG runs again through those HTTP endpoints in its own ``FLORA_HOME``.
+   each on held-out episodes beside its untrained (random) self, registers it, applies the
+   promotion gates and renders its deployment. Each model's ``champion`` (else its latest
+   ``challenger``; the segmenter only as champion, the kinematic baseline otherwise) is
+   served with ``flora serve`` on loopback, and the data-engine DAG runs again through
+   those HTTP endpoints in its own ``FLORA_HOME``.
 5. Print where each table is, its rows and failures, the held-out scores trained vs
    untrained, the served pass's tables scored against the toy world's ground truth, the
    MLflow UI command, the DVC remote and the elapsed time.
