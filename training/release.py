@@ -20,8 +20,6 @@ from typing import Any
 
 from training.sft import TrainingError, _replace, check_model_out, verify_model_dir
 
-ROOT = Path(__file__).resolve().parents[1]
-RELEASES_DIR = ROOT / "models"
 RELEASE_CARD = "release.json"
 
 
@@ -60,4 +58,4 @@ def read_release(path: str | Path) -> dict[str, Any]:
     return json.loads(card.read_text())
 
 
-__all__ = ["RELEASES_DIR", "RELEASE_CARD", "read_release", "release_model"]
+__all__ = ["RELEASE_CARD", "read_release", "release_model"]

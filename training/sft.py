@@ -917,7 +917,7 @@ def resolve_init(recipe: Recipe, base_id: str) -> InitWeights | None:
         raise TrainingError(
             f"{where}: trained over base {man.get('base_id')}, the recipe's base is {base_id}"
         )
-    digest = man["files"].get("model/model.safetensors", "")
+    digest = man["files"].get("model/model.safetensors", "")  # verified: files is a dict
     return InitWeights(p.resolve(), p.resolve() / "model", digest, str(man.get("git_commit", "")))
 
 
@@ -937,8 +937,15 @@ def verify_model_dir(root: str | Path) -> dict[str, Any]:
     mp = root / MODEL_MANIFEST
     if not mp.is_file():
         raise TrainingError(f"{root} is not an exported flora model (no {MODEL_MANIFEST})")
-    man = json.loads(mp.read_text())
-    for rel, digest in man.get("files", {}).items():
+    try:
+        man = json.loads(mp.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TrainingError(f"{root}: {MODEL_MANIFEST} is not valid JSON ({e})") from None
+    files = man.get("files") if isinstance(man, dict) else None
+    # Every export lists its files: an empty or missing list would verify nothing.
+    if not isinstance(files, dict) or not files:
+        raise TrainingError(f"{root}: {MODEL_MANIFEST} lists no files to verify")
+    for rel, digest in files.items():
         p = root / rel
         if not p.is_file() or _sha256(p) != digest:
             raise TrainingError(f"{root}: {rel} is missing or does not match its sha256")

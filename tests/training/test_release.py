@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from flora.safety import OutputDirError
 from tests.training.helpers import tiny_recipe
 from training.recipe import load_recipe
 from training.release import RELEASE_CARD, read_release, release_model
@@ -32,7 +33,7 @@ def test_release_copies_a_verified_export_with_its_card(export, tmp_path):
     mine = tmp_path / "models" / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
-    with pytest.raises(Exception, match="mine"):
+    with pytest.raises(OutputDirError, match="mine"):
         release_model(export, mine, {})
     assert (mine / "notes.txt").read_text() == "keep"
 

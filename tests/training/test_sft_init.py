@@ -70,6 +70,12 @@ def test_init_from_is_refused_with_the_reason(released, tiny_base, mini_set, tmp
     with (tampered / "model" / "model.safetensors").open("ab") as f:
         f.write(b"\0")
     assert "does not match its sha256" in refused(tampered)
+    garbled = tmp_path / "garbled"
+    shutil.copytree(released, garbled)
+    (garbled / "flora_model.json").write_text("{not json")
+    assert "is not valid JSON" in refused(garbled)
+    (garbled / "flora_model.json").write_text(json.dumps({**man, "files": {}}))
+    assert "lists no files to verify" in refused(garbled)
     from training.sizes import build_base
 
     other = build_base("tiny", tmp_path / "other-base", seed=1, overwrite=True)
