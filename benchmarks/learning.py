@@ -242,6 +242,12 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         steps = args.segmenter_sft_steps
     if steps:  # the whole schedule (warm-up, cosine decay) over the steps actually run
         recipe = recipe.model_copy(update={"max_steps": steps})
+    if args.init_from and model != "segmenter":  # continue a released full-weight model
+        upd: dict[str, Any] = {"init_from": str(args.init_from / model),
+                               "lr": recipe.lr * args.lr_scale}  # fmt: skip
+        if recipe.vision_lr is not None:
+            upd["vision_lr"] = recipe.vision_lr * args.lr_scale
+        recipe = recipe.model_copy(update=upd)
     if not (sft_dir / "model" / "flora_model.json").is_file():
         _log(f"{model}: SFT ({steps or recipe.max_steps} steps)")
         t0 = time.perf_counter()
@@ -313,14 +319,20 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, seconds: f
         "## Learning: untrained vs SFT vs SFT+GRPO, small models "
         f"({'quick' if args.quick else 'full'}, {args.date or time.strftime('%Y-%m-%d')})",
         "",
-        f"`OMP_NUM_THREADS=1 python benchmarks/learning.py {_argv()}` — measured "
+        f"`OMP_NUM_THREADS={args.threads} python benchmarks/learning.py {_argv()}` — measured "
         f"{args.date or time.strftime('%Y-%m-%d')} (finished {time.strftime('%Y-%m-%d %H:%M')} "
-        f"UTC) on 2 shared CPU cores (torch {torch.__version__}, one "
-        f"thread, {platform.machine()}); toy world of {args.episodes} episodes (seed "
+        f"UTC) on 2 shared CPU cores (torch {torch.__version__}, {args.threads} "
+        f"thread(s), {platform.machine()}); toy world of {args.episodes} episodes (seed "
         f"{args.seed}), held-out share {args.split} by episode hash; 95 % intervals from a "
         f"bootstrap over held-out episodes ({args.bootstrap} resamples). SFT steps: "
         f"{args.sft_steps or 'recipe'}"
         + (f" (segmenter {args.segmenter_sft_steps})" if args.segmenter_sft_steps else "")
+        + (
+            f"; SFT of the full-weight models starts from `{args.init_from}/<model>` (recipe "
+            f"`init_from`) at {args.lr_scale:g} x the recipe's learning rates"
+            if args.init_from
+            else ""
+        )
         + f"; GRPO steps: {args.grpo_steps}. Wall time "
         f"{seconds / 60:.0f} min.",
         "",
@@ -463,13 +475,27 @@ def main() -> None:
         help="copy the full-weight SFT models (captioner, rewarder) to DIR/<model> "
         "with their held-out results (training.release; make demo's init_from)",
     )
+    ap.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="SFT of the full-weight models (captioner, rewarder) starts from DIR/<model> "
+        "(a release, recipe init_from); the untrained row stays the random base",
+    )
+    ap.add_argument(
+        "--lr-scale",
+        type=float,
+        default=1.0,
+        help="multiply the recipe's learning rates (e.g. 0.5 with --init-from)",
+    )
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (one per model run)")
     args = ap.parse_args()
     q = args.quick
     args.episodes = args.episodes or (16 if q else 40)
     args.sft_steps = args.sft_steps if args.sft_steps is not None else (120 if q else 0)
     args.grpo_steps = args.grpo_steps if args.grpo_steps is not None else (6 if q else 30)
     args.eval_episodes = args.eval_episodes or (4 if q else None)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     from flora.data.synth import generate
 

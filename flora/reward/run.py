@@ -12,7 +12,10 @@ Inputs per mode (see ``docs/reward.md``):
 
 - outcome: up to ``max_frames`` instants spread over the episode, one mosaic each.
 - dense: per window the 64 instants at 4 Hz, one mosaic each; instants at or after T repeat
-  the last real instant's mosaic (``frame_times_us`` keeps the nominal grid).
+  the last real instant's mosaic. ``frame_times_us`` are the nominal grid relative to
+  the window's start (0, 0.25, …, 15.75 s; the prompt states the start), as the segmenter's
+  windows are: group g's frames then carry the same stamps in every window, so which
+  frames a group line describes never depends on where the window lies in the episode.
 - rubric: the same instants for every camera, each camera its own clip; the request's
   ``images`` are clip 1's frames then clip 2's, … and the prompt names each clip's range.
 
@@ -177,7 +180,7 @@ def dense_requests(
             VLMRequest(
                 prompt=prompts.dense_prompt(episode.task, roles, w, T),
                 images=images,
-                frame_times_us=nominal,
+                frame_times_us=[t - w.start_us for t in nominal],
                 system=prompts.SYSTEM,
                 max_new_tokens=max_new_tokens,
                 request_id=request_id(episode, "dense", f"w{w.index}"),

@@ -87,6 +87,11 @@ def test_steps_reproduce_ground_truth(tiny_dataset, tmp_path):
     ]
     short = next(r for r in dreqs if r.request_id.startswith(_eid(tiny_dataset, 0)))
     assert len(short.images) == 64 and short.frame_times_us[-1] == 15_750_000
+    # Stamps are relative to the window (docs/reward.md): window 1 of the 26 s episode
+    # starts at 10 s and is stamped 0 .. 15.75 s like window 0.
+    w1 = next(r for r in dreqs if r.request_id == f"{_eid(tiny_dataset, 2)}|dense|w1")
+    assert w1.frame_times_us[0] == 0 and w1.frame_times_us[-1] == 15_750_000
+    assert "starts at 10.0 s" in w1.prompt
     # Instants past T (6 s) repeat the last real mosaic.
     assert (short.images[-1] == short.images[23]).all()
 
