@@ -1,0 +1,119 @@
+"""Does a rewarder *localise* failures in a dense window, or only detect them?  (not a test)
+
+Teacher-forced on held-out dense examples of a set: the model reads the reference answer
+and, at each group line ``g: L``, we take its probability of the label token "1"
+(failure). Groups are split by what the reference says there:
+
+* ``failure, first`` — the first group of a run of failures (nothing above to copy);
+* ``failure, continued`` — a failure group right after another (the line above says 1);
+* ``normal, failure window`` — normal groups of a window that holds a failure;
+* ``normal, clean window`` — groups of a window without any failure.
+
+A model that localises puts high mass on "1" at ``failure, first``; one that only
+detects "this window holds a failure" raises it a little on every group of such windows;
+copying the line above shows up as high mass on ``failure, continued`` alone.
+(``docs/benchmarks.md``, "the small rewarder on window-relative dense stamps".)
+
+    python benchmarks/dense_probe.py models/small/rewarder /tmp/fl9/rewarder/set --episodes 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+KINDS = ("failure, first", "failure, continued", "normal, failure window", "normal, clean window")
+
+
+def label_positions(target: str, tokenizer) -> list[tuple[int, int]]:
+    """``(token index, label)`` of each group line's label in the rendered dense target."""
+    from flora.parsing import Rejection
+    from flora.reward.dense import parse_dense
+
+    d = parse_dense(target)
+    if isinstance(d, Rejection):
+        raise ValueError(f"reference does not parse: {d.reason}")
+    offsets = tokenizer(target, add_special_tokens=False, return_offsets_mapping=True)[
+        "offset_mapping"
+    ]
+    lines = target.split("\n")
+    pos = len(lines[0]) + 1
+    out = []
+    for g in range(1, 33):
+        c = pos + len(f"{g}: ")
+        tok = next(i for i, (a, b) in enumerate(offsets) if a <= c < b)
+        out.append((tok, int(d.labels[g - 1])))
+        pos += len(lines[g]) + 1
+    return out
+
+
+def probe(model_dir: Path, set_dir: Path, episodes: int) -> dict[str, list[float]]:
+    """P("1") at every group label of the held-out dense examples, by kind of group."""
+    from transformers import AutoModelForImageTextToText
+
+    from flora.backends.processing import load_processor
+    from training.evaluate import heldout_examples
+    from training.sft import collate, encode_items, model_paths
+
+    path, adapter = model_paths(model_dir)
+    if adapter is not None:
+        raise SystemExit(f"{model_dir}: a PEFT adapter; the rewarder is full-weight")
+    proc = load_processor(path, "images")
+    model = AutoModelForImageTextToText.from_pretrained(str(path)).eval()
+    one = proc.tokenizer.convert_tokens_to_ids("1")
+    held = [e for e in heldout_examples("rewarder", set_dir, limit=episodes)
+            if e.task_kind == "dense"]  # fmt: skip
+    got: dict[str, list[float]] = {k: [] for k in KINDS}
+    for ex in held:
+        item = encode_items([ex], proc)[0]
+        batch = collate([item], proc)
+        with torch.no_grad():
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]
+        n = item.n_target
+        labels = label_positions(ex.target, proc.tokenizer)
+        window_fails = any(lab == 1 for _, lab in labels)
+        prev = 3
+        for tok, lab in labels:
+            # logits at position t predict token t + 1; the target is the sequence's suffix
+            p1 = float(torch.softmax(logits[-n - 1 + tok].float(), -1)[one])
+            if lab == 1:
+                kind = "failure, continued" if prev == 1 else "failure, first"
+            elif lab == 3:
+                kind = "normal, failure window" if window_fails else "normal, clean window"
+            else:
+                kind = ""  # suboptimal groups: not part of this question
+            if kind:
+                got[kind].append(p1)
+            prev = lab
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", type=Path, help="an exported full-weight rewarder")
+    ap.add_argument("set", type=Path, help="a rewarder set (training.sets) with held-out rows")
+    ap.add_argument("--episodes", type=int, default=10, help="first N held-out episodes")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    got = probe(args.model, args.set, args.episodes)
+    print(f"| group | n | mean P(1) | median | 90th pct |  ({args.model})")
+    print("| --- | --- | --- | --- | --- |")
+    for k in KINDS:
+        v = np.asarray(got[k])
+        if len(v):
+            print(f"| {k} | {len(v)} | {v.mean():.3f} | {np.median(v):.3f} | "
+                  f"{np.quantile(v, 0.9):.3f} |")  # fmt: skip
+        else:
+            print(f"| {k} | 0 | – | – | – |")
+
+
+if __name__ == "__main__":
+    main()
