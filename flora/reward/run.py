@@ -243,7 +243,8 @@ def _common(episode: Episode, backend: VLMBackend, run_id: str) -> dict[str, Any
 
 def _reason(a: Attempted) -> str:
     rej = a.rejection or Rejection("unknown")
-    last = (rej.text or "").strip().replace("\n", "\\n")
+    last = (rej.text or "").strip()
+    # !r writes a newline as \n once; escaping it first showed "\\n" in every report.
     tail = f"; last output: {last[:160]!r}" if last else ""
     return f"{rej.kind}: {rej.reason} (after {len(a.attempts)} attempts){tail}"
 

@@ -236,3 +236,14 @@ def test_rows_failing_their_suite_are_not_written(tmp_path):
     assert not store.has("dense_labels", "d/000000")
     assert res.failures[0].item == "table" and "reason_iff_not_normal" in res.failures[0].reason
     assert isinstance(store.read("dense_labels"), pd.DataFrame)
+
+
+def test_failure_reason_shows_model_output_escaped_once():
+    """A multi-line rejected answer reads as its repr: one backslash per newline."""
+    from flora.parsing import Attempted, Rejection
+    from flora.reward.run import _reason
+
+    rej = Rejection("dense: declared worst 1 differs", "worst: 1\n1: 3\n", kind="parse")
+    reason = _reason(Attempted(None, rej, attempts=[rej, rej]))
+    assert reason.startswith("parse: dense: declared worst 1 differs (after 2 attempts)")
+    assert reason.endswith(r"last output: 'worst: 1\n1: 3'")
