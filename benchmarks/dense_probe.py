@@ -35,7 +35,7 @@ KINDS = ("failure, first", "failure, continued", "normal, failure window", "norm
 def label_positions(target: str, tokenizer) -> list[tuple[int, int]]:
     """``(token index, label)`` of each group line's label in the rendered dense target."""
     from flora.parsing import Rejection
-    from flora.reward.dense import parse_dense
+    from flora.reward.dense import DENSE_GROUPS, parse_dense
 
     d = parse_dense(target)
     if isinstance(d, Rejection):
@@ -46,7 +46,7 @@ def label_positions(target: str, tokenizer) -> list[tuple[int, int]]:
     lines = target.split("\n")
     pos = len(lines[0]) + 1
     out = []
-    for g in range(1, 33):
+    for g in range(1, DENSE_GROUPS + 1):
         c = pos + len(f"{g}: ")
         tok = next(i for i, (a, b) in enumerate(offsets) if a <= c < b)
         out.append((tok, int(d.labels[g - 1])))

@@ -242,12 +242,12 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         steps = args.segmenter_sft_steps
     if steps:  # the whole schedule (warm-up, cosine decay) over the steps actually run
         recipe = recipe.model_copy(update={"max_steps": steps})
+    upd: dict[str, Any] = {"lr": recipe.lr * args.lr_scale}
+    if recipe.vision_lr is not None:
+        upd["vision_lr"] = recipe.vision_lr * args.lr_scale
     if args.init_from and model != "segmenter":  # continue a released full-weight model
-        upd: dict[str, Any] = {"init_from": str(args.init_from / model),
-                               "lr": recipe.lr * args.lr_scale}  # fmt: skip
-        if recipe.vision_lr is not None:
-            upd["vision_lr"] = recipe.vision_lr * args.lr_scale
-        recipe = recipe.model_copy(update=upd)
+        upd["init_from"] = str(args.init_from / model)
+    recipe = recipe.model_copy(update=upd)
     if not (sft_dir / "model" / "flora_model.json").is_file():
         _log(f"{model}: SFT ({steps or recipe.max_steps} steps)")
         t0 = time.perf_counter()
@@ -329,10 +329,11 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, seconds: f
         + (f" (segmenter {args.segmenter_sft_steps})" if args.segmenter_sft_steps else "")
         + (
             f"; SFT of the full-weight models starts from `{args.init_from}/<model>` (recipe "
-            f"`init_from`) at {args.lr_scale:g} x the recipe's learning rates"
+            "`init_from`)"
             if args.init_from
             else ""
         )
+        + (f"; learning rates {args.lr_scale:g} x the recipe's" if args.lr_scale != 1 else "")
         + f"; GRPO steps: {args.grpo_steps}. Wall time "
         f"{seconds / 60:.0f} min.",
         "",
