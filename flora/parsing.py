@@ -7,6 +7,8 @@ caller records a final ``Rejection`` as a failed item. Nothing is silently fille
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -100,6 +102,28 @@ def _safe_parse(parse: Callable[[VLMResponse], T | Rejection], resp: VLMResponse
         return Rejection(f"parser error: {type(e).__name__}: {e}", resp.text, kind="parse")
 
 
+#: Temperature of the retries of a greedy request (docs/grammars.md, "Retries").
+RETRY_TEMPERATURE = 0.7
+
+
+def retry_request(req: VLMRequest, attempt: int, temperature: float = RETRY_TEMPERATURE):
+    """The request sent at ``attempt`` (1-based) of :func:`generate_parsed`.
+
+    Attempt 1 is ``req`` itself. A later attempt is sampled — at ``temperature`` when
+    ``req`` is greedy — with a seed drawn from the request id and the attempt: a greedy
+    backend would otherwise repeat the rejected answer word for word, and a rerun of the
+    step must send the same retries.
+    """
+    if attempt <= 1:
+        return req
+    digest = hashlib.sha256(f"{req.request_id}#retry{attempt}".encode()).digest()
+    return dataclasses.replace(
+        req,
+        temperature=req.temperature if req.temperature > 0 else temperature,
+        seed=int.from_bytes(digest[:4], "big"),
+    )
+
+
 def generate_parsed(
     backend: VLMBackend,
     requests: Sequence[VLMRequest],
@@ -108,17 +132,18 @@ def generate_parsed(
 ) -> list[Attempted[T]]:
     """Run ``requests`` through ``backend`` and ``parse`` each answer, retrying rejects.
 
-    Only the still-rejected requests are re-sent, batched, up to ``max_attempts`` rounds.
-    A parser that raises rejects that answer (:func:`_safe_parse`); it never ends the step.
+    Only the still-rejected requests are re-sent, batched, up to ``max_attempts`` rounds;
+    retries are sampled and seeded (:func:`retry_request`). A parser that raises rejects
+    that answer (:func:`_safe_parse`); it never ends the step.
     """
     if max_attempts < 1:
         raise ValueError("max_attempts must be >= 1")
     results: list[Attempted[T]] = [Attempted(None, Rejection("not attempted")) for _ in requests]
     pending = list(range(len(requests)))
-    for _ in range(max_attempts):
+    for attempt in range(1, max_attempts + 1):
         if not pending:
             break
-        responses = backend.generate([requests[i] for i in pending])
+        responses = backend.generate([retry_request(requests[i], attempt) for i in pending])
         still: list[int] = []
         for i, resp in zip(pending, responses, strict=True):
             res = results[i]

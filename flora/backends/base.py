@@ -28,6 +28,9 @@ class VLMRequest:
     system: str | None = None
     max_new_tokens: int = 256
     temperature: float = 0.0
+    # Sampling seed (temperature > 0): a backend that can seed per request does, so a
+    # sampled retry is reproducible (flora.parsing.generate_parsed).
+    seed: int | None = None
     top_logprobs: int = 0  # >0: return that many alternatives per generated token
     request_id: str = ""
     # Guided decoding (docs/backends.md): the output grammar's regex or JSON schema. Backends

@@ -235,6 +235,8 @@ class OpenAIBackend:
             # and let the Qwen-VL processor take them as sent, without resampling.
             body["media_io_kwargs"] = {"video": {"num_frames": -1}}
             body["mm_processor_kwargs"] = {"do_sample_frames": False}
+        if req.seed is not None:
+            body["seed"] = req.seed  # OpenAI / vLLM: per-request sampling seed
         if req.top_logprobs > 0:
             body["top_logprobs"] = req.top_logprobs
         if self.guided:

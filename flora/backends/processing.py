@@ -51,6 +51,7 @@ class Chat:
     messages: list[dict[str, Any]]
     max_new_tokens: int = 256
     temperature: float = 0.0
+    seed: int | None = None
     top_logprobs: int = 0
     want_logprobs: bool = True
     request_id: str = ""
@@ -143,6 +144,7 @@ def request_to_chat(req: VLMRequest, vision_input: str = "images") -> Chat:
         messages=messages,
         max_new_tokens=req.max_new_tokens,
         temperature=req.temperature,
+        seed=req.seed,
         top_logprobs=req.top_logprobs,
         want_logprobs=True,
         request_id=req.request_id,

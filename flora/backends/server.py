@@ -100,6 +100,7 @@ class ChatRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     n: int | None = None
@@ -610,6 +611,7 @@ def create_app(
             messages=messages,
             max_new_tokens=max_new,
             temperature=temperature,
+            seed=body.seed,
             top_logprobs=top if logprobs_on else 0,
             want_logprobs=logprobs_on,
         )

@@ -287,10 +287,13 @@ class TransformersBackend:
     def generate_chats(self, chats: Sequence[Chat]) -> list[Generation]:
         """Generate for backend-neutral chats (used by ``generate`` and ``flora serve``)."""
         results: list[Generation | None] = [None] * len(chats)
-        groups: dict[tuple[int, float], list[int]] = {}
+        # A per-request seed seeds its own batch: sampled retries stay reproducible whatever
+        # else is generated with them.
+        groups: dict[tuple[int, float, int | None], list[int]] = {}
         for i, c in enumerate(chats):
-            groups.setdefault((c.max_new_tokens, float(c.temperature)), []).append(i)
-        batches: list[tuple[tuple[int, float], list[int]]] = []
+            seed = c.seed if c.temperature > 0 else None
+            groups.setdefault((c.max_new_tokens, float(c.temperature), seed), []).append(i)
+        batches: list[tuple[tuple[int, float, int | None], list[int]]] = []
         for key, idx in groups.items():
             # Similar sizes together: less padding per batch.
             idx = sorted(idx, key=lambda i: (len(chats[i].images()), _text_len(chats[i])))
@@ -301,16 +304,16 @@ class TransformersBackend:
             from tqdm import tqdm
 
             progress = tqdm(total=len(chats), desc="vlm generate", unit="req")
-        for (max_new, temp), idx in batches:
+        for (max_new, temp, seed), idx in batches:
             batch = [chats[i] for i in idx]
             try:
-                gens = self._run_batch(batch, max_new, temp)
+                gens = self._run_batch(batch, max_new, temp, seed)
             except Exception as e:  # noqa: BLE001 - isolate the failing request(s)
                 log.warning("batch of %d failed (%s); retrying one at a time", len(batch), e)
                 gens = []
                 for c in batch:
                     try:
-                        gens.extend(self._run_batch([c], max_new, temp))
+                        gens.extend(self._run_batch([c], max_new, temp, seed))
                     except Exception as e1:  # noqa: BLE001
                         gens.append(
                             Generation(error=f"generation failed: {type(e1).__name__}: {e1}")
@@ -364,7 +367,7 @@ class TransformersBackend:
 
     @torch.inference_mode()
     def _run_batch(
-        self, batch: Sequence[Chat], max_new: int, temperature: float
+        self, batch: Sequence[Chat], max_new: int, temperature: float, seed: int | None = None
     ) -> list[Generation]:
         from transformers import GenerationConfig, LogitsProcessorList
 
@@ -387,8 +390,9 @@ class TransformersBackend:
             no_repeat_ngram_size=0,
             **flags,
         )
-        if self.seed is not None:
-            torch.manual_seed(self.seed)
+        seed = seed if seed is not None else self.seed
+        if seed is not None:
+            torch.manual_seed(seed)
         stop_kw: dict[str, Any] = {}
         if any(c.meta.get("should_stop") for c in batch):
             from transformers import StoppingCriteriaList

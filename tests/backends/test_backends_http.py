@@ -52,6 +52,15 @@ def test_end_to_end_matches_in_process(served, tiny_backend):
     assert 1 <= client.max_in_flight <= 4
 
 
+def test_a_request_seed_travels_over_the_wire(served, tiny_backend):
+    client = OpenAIBackend(served.url, api_key=TOKEN, max_concurrency=1, timeout_s=60)
+    req = VLMRequest(prompt="sample me", temperature=1.5, max_new_tokens=6, seed=5)
+    assert client.payload(req)["seed"] == 5
+    (remote,) = client.generate([req])
+    (local,) = tiny_backend.generate([req])
+    assert remote.ok and remote.text == local.text
+
+
 def test_concurrency_limit(served):
     client = OpenAIBackend(served.url, api_key=TOKEN, max_concurrency=2, timeout_s=60)
     reqs = [VLMRequest(prompt=f"q{i}", max_new_tokens=3) for i in range(6)]

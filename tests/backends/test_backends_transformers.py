@@ -142,6 +142,17 @@ def test_sampling_is_seeded_and_reports_raw_logprobs(tiny_model):
         assert rec.logprob == pytest.approx(float(lp[t, tid]), abs=1e-4)
 
 
+def test_a_request_seed_reproduces_its_draw_alone_or_batched(tiny_backend):
+    """A sampled retry (flora.parsing.retry_request) carries its own seed: its draw does not
+    depend on what else is generated in the same call."""
+    a = VLMRequest(prompt="sample me", temperature=1.5, max_new_tokens=6, seed=11)
+    b = VLMRequest(prompt="sample me", temperature=1.5, max_new_tokens=6, seed=12)
+    (alone,) = tiny_backend.generate([a])
+    mixed = tiny_backend.generate([b, VLMRequest(prompt="hi", max_new_tokens=3), a])
+    assert alone.ok and alone.text == mixed[2].text
+    assert mixed[0].text != alone.text  # another seed, another draw
+
+
 def test_lora_adapter_is_applied(tiny_model, lora_dir, tiny_backend):
     merged = TransformersBackend(tiny_model, adapter_path=lora_dir, device="cpu")
     unmerged = TransformersBackend(

@@ -169,6 +169,32 @@ class ScriptedBackend:
         return [VLMResponse(self.answer(r), model=self.name) for r in requests]
 
 
+def test_retries_are_sampled_and_seeded_by_request_and_attempt():
+    """A greedy backend repeats a rejected answer word for word: retries sample, with a seed
+    from the request id and the attempt, so a rerun sends exactly the same retries."""
+    from flora.parsing import RETRY_TEMPERATURE
+
+    def run():
+        seen: list[tuple[str, float, int | None]] = []
+
+        def answer(r):
+            seen.append((r.request_id, r.temperature, r.seed))
+            return "bad"
+
+        reqs = [VLMRequest("x", request_id="ep1/dense/w0"), VLMRequest("x", request_id="ep1/w1",
+                temperature=1.2)]  # fmt: skip
+        out = generate_parsed(ScriptedBackend(answer), reqs, lambda r: Rejection("no"), 3)
+        assert [len(o.attempts) for o in out] == [3, 3]
+        return seen
+
+    seen = run()
+    assert seen[:2] == [("ep1/dense/w0", 0.0, None), ("ep1/w1", 1.2, None)]  # as asked
+    retries = seen[2:]
+    assert [t for _, t, _ in retries] == [RETRY_TEMPERATURE, 1.2] * 2
+    assert len({s for _, _, s in retries}) == 4 and None not in {s for _, _, s in retries}
+    assert run() == seen  # reproducible
+
+
 def test_a_raising_parser_rejects_that_answer_only():
     def parse(resp):
         if resp.text == "boom":

@@ -45,7 +45,7 @@ import pytest
 
 from flora.backends.base import VLMRequest, VLMResponse
 from flora.data.dataset import open_dataset
-from flora.parsing import Rejection
+from flora.parsing import RETRY_TEMPERATURE, Rejection
 from flora.segment import Window, parse_segments, plan_windows, refine, stitch
 from flora.segment.grammar import REASONS
 from flora.segment.run import SegmentRun, segment_dataset
@@ -132,7 +132,11 @@ def check_mechanics(
         for req, _ in items:
             assert req.request_id.endswith(f":{w.start_us}-{w.end_us}")
             assert len(req.images) == len(w.frame_times_us())
-            assert req.temperature == 0.0 and req.max_new_tokens == MAX_NEW_TOKENS
+            assert req.max_new_tokens == MAX_NEW_TOKENS
+        # Greedy first, then seeded samples (a greedy retry would repeat the rejection).
+        assert [req.temperature for req, _ in items] == [0.0] + [RETRY_TEMPERATURE] * (
+            len(items) - 1
+        )
         parsed = [parse_segments(resp.text, w.n_ticks) for _, resp in items]
         assert all(resp.ok for _, resp in items), [resp.error for _, resp in items]
         # Re-sent only while rejected, never more than max_attempts times.
