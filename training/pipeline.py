@@ -292,8 +292,8 @@ def evaluate(
             from flora.backends.transformers_backend import TransformersBackend
             from training.sizes import resolve_base
 
-            base = TransformersBackend(resolve_base(r.base, seed=r.base_seed), device="auto",
-                                       vision_input="images")  # fmt: skip
+            base_dir = resolve_base(r.base, seed=r.base_seed, max_pixels=r.max_pixels)
+            base = TransformersBackend(base_dir, device="auto", vision_input="images")
             base_res = evaluate_model(model, examples, base, judge=judge, n_boot=n_boot)
             base_flat = flat_metrics(base_res)
         report = {

@@ -75,6 +75,12 @@ class Recipe(_Strict):
     base: str = Field(description="'tiny' | 'small' (built here), a checkpoint dir or a hub id")
     family: Literal["qwen3_vl", "qwen2_5_vl", "qwen3_5"] = "qwen3_vl"
     base_seed: int = 0
+    max_pixels: int | None = Field(
+        None,
+        ge=32 * 32,
+        description="per-image pixel budget of a built base's processor (tiny/small); "
+        "None keeps the size's (docs/training.md, 'Image budget')",
+    )
     init_from: str | None = Field(
         None,
         description="an exported Flora model (full weights, same model and base) whose "
@@ -137,6 +143,11 @@ class Recipe(_Strict):
             raise ValueError(
                 "init_from starts full fine-tuning from released weights; "
                 "a LoRA recipe (segmenter) starts from its base"
+            )
+        if self.max_pixels is not None and self.base not in ("tiny", "small"):
+            raise ValueError(
+                f"max_pixels sets the processor of a built base (tiny/small); base "
+                f"{self.base!r} is loaded with its own processor"
             )
         if self.model == "rewarder" and self.grpo is not None:
             raise ValueError("no RL for the rewarder (DESIGN §3.5): drop the grpo section")

@@ -549,7 +549,9 @@ def train_sft(
 
     train, held = _load_examples(set_path, recipe.model)
     try:
-        base_dir = resolve_base(recipe.base, seed=recipe.base_seed, cache=base_cache)
+        base_dir = resolve_base(
+            recipe.base, seed=recipe.base_seed, cache=base_cache, max_pixels=recipe.max_pixels
+        )
     except (FileNotFoundError, ValueError) as e:
         raise TrainingError(f"recipe {recipe.model}-{recipe.size}: missing base: {e}") from e
     base_id = f"{recipe.base}@{fingerprint_dir(base_dir)[:16]}"

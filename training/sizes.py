@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from flora.backends.tiny import TinySpec
@@ -84,12 +84,24 @@ SIZES: dict[str, ModelSize] = {
 }
 
 
-def get_size(name: str) -> ModelSize:
-    """The size called ``name``; a clear error for anything else."""
+def get_size(name: str, max_pixels: int | None = None) -> ModelSize:
+    """The size called ``name``; a clear error for anything else.
+
+    ``max_pixels`` replaces a built size's per-image pixel budget (a recipe's
+    ``max_pixels``): the processor resizes every frame to at most that many pixels, so
+    it sets the visual tokens per frame. The spec, hence the cache key, records it.
+    """
     try:
-        return SIZES[name]
+        size = SIZES[name]
     except KeyError:
         raise ValueError(f"unknown model size {name!r}; expected one of {SIZE_NAMES}") from None
+    if max_pixels is None or size.spec is None or max_pixels == size.spec.max_pixels:
+        return size
+    if max_pixels < size.spec.min_pixels:
+        raise ValueError(
+            f"max_pixels {max_pixels} is below size {name!r}'s min_pixels {size.spec.min_pixels}"
+        )
+    return replace(size, spec=replace(size.spec, max_pixels=max_pixels))
 
 
 def spec_key(size: ModelSize, seed: int) -> str:
@@ -109,14 +121,22 @@ def default_cache() -> Path:
     return get_settings().home / "models" / "bases"
 
 
-def build_base(size: str, out: str | Path, *, seed: int = 0, overwrite: bool = False) -> Path:
+def build_base(
+    size: str,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    overwrite: bool = False,
+    max_pixels: int | None = None,
+) -> Path:
     """Build the random-initialised ``size`` (tiny or small) checkpoint at ``out``.
 
     ``overwrite`` is explicit: this function owns ``out`` only when asked to replace it.
+    ``max_pixels``: see :func:`get_size` (the weights do not depend on it).
     """
     from flora.backends.tiny import build_tiny_vlm
 
-    s = get_size(size)
+    s = get_size(size, max_pixels)
     if s.spec is None:
         raise ValueError(f"size {size!r} is loaded from the hub, not built")
     path = build_tiny_vlm(out, family=s.family, seed=seed, spec=s.spec, overwrite=overwrite)
@@ -152,23 +172,28 @@ def rescale_embedding(path: Path, embed_std: float, init_std: float) -> None:
     marker.write_text(json.dumps(info, sort_keys=True))
 
 
-def resolve_base(base: str, *, seed: int = 0, cache: Path | None = None) -> Path:
+def resolve_base(
+    base: str, *, seed: int = 0, cache: Path | None = None, max_pixels: int | None = None
+) -> Path:
     """A local checkpoint directory for a recipe's ``base``.
 
     ``"tiny"`` / ``"small"``: built once into ``cache`` (default :func:`default_cache`) in a
     temporary folder renamed into place, so a crash never leaves a half-built base that
     later runs would trust. An existing directory: itself. Anything else: a hub id,
     resolved through the local Hugging Face cache (offline here, so a missing one is a
-    clear error naming it).
+    clear error naming it). ``max_pixels`` (built sizes only): see :func:`get_size`.
     """
-    if base in SIZES and SIZES[base].built:
+    built = base in SIZES and SIZES[base].built
+    if max_pixels is not None and not built:
+        raise ValueError(f"max_pixels applies to a built size (tiny/small), not to {base!r}")
+    if built:
         root = Path(cache) if cache else default_cache()
-        final = root / spec_key(SIZES[base], seed)
+        final = root / spec_key(get_size(base, max_pixels), seed)
         if (final / "config.json").is_file():
             return final
         root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".{final.name}.tmp{os.getpid()}"
-        build_base(base, tmp, seed=seed, overwrite=True)
+        build_base(base, tmp, seed=seed, overwrite=True, max_pixels=max_pixels)
         try:
             tmp.rename(final)
         except OSError:  # another process won the race: use its copy

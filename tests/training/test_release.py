@@ -63,7 +63,9 @@ def test_shipped_release_starts_the_demo_recipe(model, tmp_path):
 
     r = load_recipe(f"{model}-demo")
     assert r.init_from == f"models/small/{model}"
-    base = build_base("small", tmp_path / "small", seed=r.base_seed, overwrite=True)
+    base = build_base(
+        "small", tmp_path / "small", seed=r.base_seed, overwrite=True, max_pixels=r.max_pixels
+    )
     init = resolve_init(r, f"small@{fingerprint_dir(base)[:16]}")
     card = read_release(init.root)
     assert card["model"] == model

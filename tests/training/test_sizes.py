@@ -11,10 +11,20 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
-from training.sizes import EMBED_KEY, SIZES, SMALL_EMBED_STD, TINY_SPEC, build_base, spec_key
+from training.sizes import (
+    EMBED_KEY,
+    SIZES,
+    SMALL_EMBED_STD,
+    TINY_SPEC,
+    build_base,
+    get_size,
+    resolve_base,
+    spec_key,
+)
 
 
 def best_case_ce(emb: torch.Tensor) -> float:
@@ -64,3 +74,27 @@ def test_small_segmenter_rollouts_have_the_engines_token_budget() -> None:
 
     budget = inspect.signature(segment_episode).parameters["max_new_tokens"].default
     assert load_recipe("segmenter-small").grpo.max_new_tokens >= budget
+
+
+def test_a_recipe_image_budget_changes_the_processor_not_the_weights(tmp_path) -> None:
+    """``max_pixels`` (the rewarder's recipes) keeps the seeded weights, resizes frames to
+    the new budget and is part of the cache key, so the two bases never share a folder."""
+    from flora.backends.processing import load_processor
+
+    assert spec_key(get_size("small", 96 * 192), 0) != spec_key(SIZES["small"], 0)
+    assert get_size("small", SIZES["small"].spec.max_pixels) is SIZES["small"]
+    a = resolve_base("small", cache=tmp_path)
+    b = resolve_base("small", cache=tmp_path, max_pixels=96 * 192)
+    assert a != b
+    assert torch.equal(load_file(a / "model.safetensors")[EMBED_KEY],
+                       load_file(b / "model.safetensors")[EMBED_KEY])  # fmt: skip
+    frame = torch.zeros(96, 192, 3, dtype=torch.uint8).numpy()
+    grids = [load_processor(p, "images").image_processor(images=[frame])["image_grid_thw"]
+             for p in (a, b)]  # fmt: skip
+    # (t, h, w) in 16-px patches: the size's 64 x 64 budget gives a 32 x 64 mosaic, the
+    # recipe's budget keeps the rendered 96 x 192.
+    assert grids[0].tolist() == [[1, 2, 4]] and grids[1].tolist() == [[1, 6, 12]]
+    with pytest.raises(ValueError, match="below size 'small'"):
+        get_size("small", 16 * 16)
+    with pytest.raises(ValueError, match="built size"):
+        resolve_base(str(a), max_pixels=96 * 192)

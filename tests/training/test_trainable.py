@@ -138,6 +138,8 @@ def test_vision_lr_reaches_the_deepspeed_optimizer(tiny_base, mini_set, tmp_path
             "no RL for the rewarder",
         ),
         ({"typo_field": 1}, "Extra inputs"),
+        ({"base": "Qwen/Qwen3.5-9B", "max_pixels": 18432}, "loaded with its own processor"),
+        ({"max_pixels": 100}, "greater than or equal to 1024"),
     ],
 )
 def test_bad_recipes_are_refused(override, message) -> None:
