@@ -15,6 +15,7 @@ copying the line above shows up as high mass on ``failure, continued`` alone.
 (``docs/benchmarks.md``, "the small rewarder on window-relative dense stamps".)
 
     python benchmarks/dense_probe.py models/small/rewarder /tmp/fl9/rewarder/set --episodes 10
+    python benchmarks/dense_probe.py … --split train   # its own training onsets
 """
 
 from __future__ import annotations
@@ -54,12 +55,17 @@ def label_positions(target: str, tokenizer) -> list[tuple[int, int]]:
     return out
 
 
-def probe(model_dir: Path, set_dir: Path, episodes: int) -> dict[str, list[float]]:
-    """P("1") at every group label of the held-out dense examples, by kind of group."""
+def probe(
+    model_dir: Path, set_dir: Path, episodes: int, split: str = "heldout"
+) -> dict[str, list[float]]:
+    """P("1") at every group label of the dense examples of ``split`` (``heldout``: the
+    evaluation's episodes; ``train``: the first ``episodes`` training episodes, to tell a
+    model that fits its own onsets from one that cannot), by kind of group."""
     from transformers import AutoModelForImageTextToText
 
     from flora.backends.processing import load_processor
     from training.evaluate import heldout_examples
+    from training.sets import load_set
     from training.sft import collate, encode_items, model_paths
 
     path, adapter = model_paths(model_dir)
@@ -68,8 +74,13 @@ def probe(model_dir: Path, set_dir: Path, episodes: int) -> dict[str, list[float
     proc = load_processor(path, "images")
     model = AutoModelForImageTextToText.from_pretrained(str(path)).eval()
     one = proc.tokenizer.convert_tokens_to_ids("1")
-    held = [e for e in heldout_examples("rewarder", set_dir, limit=episodes)
-            if e.task_kind == "dense"]  # fmt: skip
+    if split == "train":
+        rows = [e for e in load_set(set_dir, split="train") if e.model == "rewarder"]
+        keep = sorted({e.episode_id for e in rows})[:episodes]
+        held = [e for e in rows if e.episode_id in keep and e.task_kind == "dense"]
+    else:
+        held = [e for e in heldout_examples("rewarder", set_dir, limit=episodes)
+                if e.task_kind == "dense"]  # fmt: skip
     got: dict[str, list[float]] = {k: [] for k in KINDS}
     for ex in held:
         item = encode_items([ex], proc)[0]
@@ -100,11 +111,12 @@ def main() -> None:
     ap.add_argument("model", type=Path, help="an exported full-weight rewarder")
     ap.add_argument("set", type=Path, help="a rewarder set (training.sets) with held-out rows")
     ap.add_argument("--episodes", type=int, default=10, help="first N held-out episodes")
+    ap.add_argument("--split", choices=("heldout", "train"), default="heldout")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    got = probe(args.model, args.set, args.episodes)
-    print(f"| group | n | mean P(1) | median | 90th pct |  ({args.model})")
+    got = probe(args.model, args.set, args.episodes, args.split)
+    print(f"| group | n | mean P(1) | median | 90th pct |  ({args.model}, {args.split})")
     print("| --- | --- | --- | --- | --- |")
     for k in KINDS:
         v = np.asarray(got[k])
