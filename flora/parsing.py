@@ -106,7 +106,9 @@ def _safe_parse(parse: Callable[[VLMResponse], T | Rejection], resp: VLMResponse
 RETRY_TEMPERATURE = 0.7
 
 
-def retry_request(req: VLMRequest, attempt: int, temperature: float = RETRY_TEMPERATURE):
+def retry_request(
+    req: VLMRequest, attempt: int, temperature: float = RETRY_TEMPERATURE
+) -> VLMRequest:
     """The request sent at ``attempt`` (1-based) of :func:`generate_parsed`.
 
     Attempt 1 is ``req`` itself. A later attempt is sampled — at ``temperature`` when
