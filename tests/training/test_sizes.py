@@ -77,8 +77,9 @@ def test_small_segmenter_rollouts_have_the_engines_token_budget() -> None:
 
 
 def test_a_recipe_image_budget_changes_the_processor_not_the_weights(tmp_path) -> None:
-    """``max_pixels`` (the rewarder's recipes) keeps the seeded weights, resizes frames to
-    the new budget and is part of the cache key, so the two bases never share a folder."""
+    """A recipe's ``max_pixels`` (no shipped recipe sets it) keeps the seeded weights,
+    resizes frames to the new budget and is part of the cache key, so the two bases never
+    share a folder."""
     from flora.backends.processing import load_processor
 
     assert spec_key(get_size("small", 96 * 192), 0) != spec_key(SIZES["small"], 0)
