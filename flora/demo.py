@@ -607,28 +607,49 @@ def _summary(home: Path, dataset: Path, env: dict[str, str], elapsed: float,
     console.print(t)
 
 
+# Held-out metrics the demo's summary prints per model, headline first (training.evaluate).
+SUMMARY_METRICS = {
+    "segmenter": ("r_seg", "f1_at_0.5"),
+    "captioner": ("r_cap",),
+    "rewarder": ("outcome.mae", "dense.accuracy", "dense.failure_recall", "rubric.l1"),
+}
+
+
+def model_rows(
+    reports: dict[str, dict[str, Any]], served: dict[str, tuple[str, int]]
+) -> list[tuple[str, ...]]:
+    """Rows of the demo's models table: per model and metric, the trained model's held-out
+    value beside its untrained self's; the model, what is served and the parse rates on the
+    model's first row only."""
+    rows = []
+    for model in DEMO_MODELS:
+        rep = reports.get(model, {})
+        flat, base = rep.get("flat", {}), rep.get("baseline", {})
+        sv = served.get(model)
+        label = f"v{sv[1]} ({sv[0]})" if sv else "not served"
+        parse = f"{_fmt(flat.get('eval.parse_rate'))} / {_fmt(base.get('eval.parse_rate'))}"
+        for i, metric in enumerate(SUMMARY_METRICS[model]):
+            key = "eval." + metric
+            rows.append(
+                (
+                    model if i == 0 else "",
+                    label if i == 0 else "",
+                    metric,
+                    _fmt(flat.get(key)),
+                    _fmt(base.get(key)),
+                    parse if i == 0 else "",
+                )
+            )
+    return rows
+
+
 def _models_summary(home: Path, closed: dict[str, Any]) -> None:
     """Per model: what was registered / promoted, held-out metrics trained vs untrained."""
-    from training.evaluate import HEADLINE
-
-    reports = _eval_reports(home)
     mt = Table(title="Flora models (held-out episodes: trained vs its untrained self)")
     for col in ("model", "served", "metric", "trained", "untrained", "parse rate (t/u)"):
         mt.add_column(col, overflow="fold")
-    for model in DEMO_MODELS:
-        rep = reports.get(model, {})
-        key = "eval." + HEADLINE[model]
-        flat, base = rep.get("flat", {}), rep.get("baseline", {})
-        sv = closed["served"].get(model)
-        label = f"v{sv[1]} ({sv[0]})" if sv else "not served"
-        mt.add_row(
-            model,
-            label,
-            HEADLINE[model],
-            _fmt(flat.get(key)),
-            _fmt(base.get(key)),
-            f"{_fmt(flat.get('eval.parse_rate'))} / {_fmt(base.get('eval.parse_rate'))}",
-        )
+    for row in model_rows(_eval_reports(home), closed["served"]):
+        mt.add_row(*row)
     console.print(mt)
     for line in release_notes(closed.get("recipe", "demo")):
         console.print(f"  {line}")

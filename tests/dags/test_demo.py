@@ -97,3 +97,23 @@ def test_serve_stage_serves_the_champion_and_stops_it(tmp_path, monkeypatch, tin
     assert segment_backend(s2) is None  # kinematic
     assert s2.for_model("captioner").openai_base_url == sv.url
     get_settings.cache_clear()
+
+
+def test_models_table_puts_each_metric_beside_the_untrained_model():
+    from flora.demo import SUMMARY_METRICS, model_rows
+
+    reports = {
+        "rewarder": {
+            "flat": {"eval.outcome.mae": 0.01, "eval.dense.accuracy": 0.9,
+                     "eval.rubric.l1": 0.2, "eval.parse_rate": 1.0},
+            "baseline": {"eval.parse_rate": 0.0},
+        }
+    }  # fmt: skip
+    rows = model_rows(reports, {"rewarder": ("champion", 3)})
+    rew = [r for r in rows if r[2] in SUMMARY_METRICS["rewarder"]]
+    assert [r[2] for r in rew] == list(SUMMARY_METRICS["rewarder"])
+    assert rew[0][:2] == ("rewarder", "v3 (champion)") and rew[0][5] == "1.000 / 0.000"
+    assert rew[1][:2] == ("", "") and rew[1][3:5] == ("0.900", "–")  # untrained never parsed
+    assert rew[2][3] == "–"  # a metric the report lacks is shown missing, not zero
+    seg = next(r for r in rows if r[0] == "segmenter")
+    assert seg[1] == "not served" and seg[3] == "–"
