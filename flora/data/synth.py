@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from flora.data.encoder_process import EncoderProcess
 from flora.data.ground_truth import write_ground_truth
 from flora.data.render import WorldRenderer
 from flora.data.world import (
@@ -270,12 +271,15 @@ def generate(
         desc=f"synth {out.name}",
         disable=not progress,
     )
-    if layout == "v3.0":
-        _write_v30(out, cfg, rolls, tasks, bar)
-    elif layout == "v2.1":
-        _write_v21_layout(out, cfg, rolls, tasks, bar)
-    else:
-        _write_mp4_folder(out, cfg, rolls, bar)
+    # Encoded in a process of its own, so the bytes do not depend on what else this
+    # process runs (flora.data.encoder_process).
+    with EncoderProcess() as enc:
+        if layout == "v3.0":
+            _write_v30(out, cfg, rolls, tasks, bar, enc.writer)
+        elif layout == "v2.1":
+            _write_v21_layout(out, cfg, rolls, tasks, bar, enc.writer)
+        else:
+            _write_mp4_folder(out, cfg, rolls, bar, enc.writer)
     bar.close()
     _write_json(
         out / SYNTH_META,
@@ -331,9 +335,7 @@ def _encode_episode(writers: dict, rend: WorldRenderer, cfg: SynthConfig, n: int
         bar.update(1)
 
 
-def _write_v30(out: Path, cfg: SynthConfig, rolls, tasks: list[str], bar) -> None:
-    from flora.data.video import VideoWriter
-
+def _write_v30(out: Path, cfg: SynthConfig, rolls, tasks: list[str], bar, open_writer) -> None:
     n_eps = len(rolls)
     ep_rows: list[dict] = []
     global_idx = 0
@@ -348,7 +350,7 @@ def _write_v30(out: Path, cfg: SynthConfig, rolls, tasks: list[str], bar) -> Non
             key = CAMERAS[cam][0]
             p = out / V30_VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=fidx)
             s = cfg.size_of(cam)
-            writers[cam] = VideoWriter(p, FPS, s, s, gop=cfg.gop, crf=cfg.crf)
+            writers[cam] = open_writer(p, FPS, s, s, gop=cfg.gop, crf=cfg.crf)
         tables = []
         offset = 0
         for ep in group:
@@ -405,9 +407,9 @@ def _write_v30(out: Path, cfg: SynthConfig, rolls, tasks: list[str], bar) -> Non
     _write_json(out / "meta/stats.json", _stats(rolls))
 
 
-def _write_v21_layout(out: Path, cfg: SynthConfig, rolls, tasks: list[str], bar) -> None:
-    from flora.data.video import VideoWriter
-
+def _write_v21_layout(
+    out: Path, cfg: SynthConfig, rolls, tasks: list[str], bar, open_writer
+) -> None:
     global_idx = 0
     ep_lines, n_eps = [], len(rolls)
     for ep, r in rolls.items():
@@ -417,7 +419,7 @@ def _write_v21_layout(out: Path, cfg: SynthConfig, rolls, tasks: list[str], bar)
             key = CAMERAS[cam][0]
             p = out / V21_VIDEO_PATH.format(episode_chunk=chunk, video_key=key, episode_index=ep)
             s = cfg.size_of(cam)
-            writers[cam] = VideoWriter(p, FPS, s, s, gop=cfg.gop, crf=cfg.crf)
+            writers[cam] = open_writer(p, FPS, s, s, gop=cfg.gop, crf=cfg.crf)
         _encode_episode(
             writers, WorldRenderer(r, cfg.image_size, cfg.wrist_size), cfg, r.n_frames, bar
         )
@@ -452,9 +454,7 @@ def _write_v21_layout(out: Path, cfg: SynthConfig, rolls, tasks: list[str], bar)
     _write_json(meta / "info.json", info)
 
 
-def _write_mp4_folder(out: Path, cfg: SynthConfig, rolls, bar) -> None:
-    from flora.data.video import VideoWriter
-
+def _write_mp4_folder(out: Path, cfg: SynthConfig, rolls, bar, open_writer) -> None:
     for ep, r in rolls.items():
         writers = {}
         for cam in cfg.cameras:
@@ -462,7 +462,7 @@ def _write_mp4_folder(out: Path, cfg: SynthConfig, rolls, bar) -> None:
                 f"episode_{ep:06d}.mp4" if len(cfg.cameras) == 1 else f"episode_{ep:06d}.{cam}.mp4"
             )
             s = cfg.size_of(cam)
-            writers[cam] = VideoWriter(out / name, FPS, s, s, gop=cfg.gop, crf=cfg.crf)
+            writers[cam] = open_writer(out / name, FPS, s, s, gop=cfg.gop, crf=cfg.crf)
         _encode_episode(
             writers, WorldRenderer(r, cfg.image_size, cfg.wrist_size), cfg, r.n_frames, bar
         )

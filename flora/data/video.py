@@ -51,6 +51,14 @@ def rgb_to_yuv420p(img: np.ndarray) -> np.ndarray:
     return np.concatenate(planes).astype(np.uint8).reshape(h * 3 // 2, w)
 
 
+def check_frame(img: np.ndarray, width: int, height: int) -> None:
+    """Refuse a frame that is not (height, width, 3) uint8 RGB."""
+    if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
+        raise ValueError(f"expected (H, W, 3) uint8 RGB, got {img.shape} {img.dtype}")
+    if img.shape[:2] != (height, width):
+        raise ValueError(f"frame is {img.shape[1]}x{img.shape[0]}, stream is {width}x{height}")
+
+
 class VideoWriter:
     """Encode RGB frames to H.264/yuv420p MP4, deterministically.
 
@@ -94,10 +102,7 @@ class VideoWriter:
 
     def add(self, img: np.ndarray, *, keyframe: bool = False) -> None:
         """Append one (H, W, 3) uint8 RGB frame."""
-        if img.shape[:2] != (self.height, self.width):
-            raise ValueError(
-                f"frame is {img.shape[1]}x{img.shape[0]}, stream is {self.width}x{self.height}"
-            )
+        check_frame(img, self.width, self.height)
         # Already yuv420p at the stream's size, so PyAV hands it to x264 unconverted.
         frame = av.VideoFrame.from_ndarray(rgb_to_yuv420p(img), format="yuv420p")
         frame.pts = self.n

@@ -6,7 +6,8 @@ a full ``make test`` process: the heavy ML stack (torch, transformers, DeepSpeed
 MiniLM sentence embedder) and FTZ/DAZ float modes; other threads decoding and encoding
 video and multiplying matrices while it runs; and libav code paths chosen at run time
 (forced to plain C here), which changed the mp4 bytes before RGB -> YUV moved out of
-libswscale (docs/dataset.md, "Determinism").
+libswscale, and, with busy threads, changed one macroblock once in a few dozen loaded runs
+before the writers moved into a process of their own (docs/dataset.md, "Determinism").
 """
 
 from __future__ import annotations
