@@ -11,6 +11,7 @@ receives and extends::
     ingest -> validate -> segment -> caption -> reward_outcome ┐
                                              -> reward_dense   ├-> summary -> curate
                                              -> reward_rubric  ┘      -> export -> report
+                                                                      -> finalize (all_done)
 
 ``curate`` (``flora.curate.steps.curate_step``) filters and rebalances the tables into the
 curated mixture (``<outputs>/curated/<dataset>/mixture.parquet``, logged as an MLflow dataset,
@@ -22,7 +23,8 @@ the LeRobot export with the events in ``language_persistent``
 
 State keys every step can rely on: ``dataset``, ``dataset_path`` (absolute),
 ``outputs_dir`` (absolute; the ``TableStore`` root: tables go to ``<outputs>/<table>/``),
-``mlflow_run_id``, ``episodes`` (all indices), and after ``validate``:
+``mlflow_run_id`` (the run every task reopens; ``finalize`` closes it FAILED when any
+task failed), ``episodes`` (all indices), and after ``validate``:
 ``valid_episodes`` — the only episodes later steps process. Each engine step adds its
 report under its name (``segment``, ``caption``, ``outcome``, ``dense``, ``rubric``: table
 dir, row/failure counts, first failures, validation result). A table that fails its GX
@@ -43,6 +45,7 @@ light ``flora.settings`` / ``flora.orchestration.tasks`` at parse time).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pendulum
@@ -66,7 +69,9 @@ REWARD_MODES = ("outcome", "dense", "rubric")
     catchup=False,
     max_active_runs=1,
     tags=["flora", "data-engine"],
-    default_args={"retries": 0},
+    # Every task retries (a lost worker, an evicted pod): the steps are idempotent and
+    # resume from their tables. Bad input fails at once (fail_fast_on_bad_input).
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
     params={
         "dataset": Param(
             None,
@@ -149,6 +154,7 @@ def flora_data_engine() -> None:
         from pathlib import Path
 
         import mlflow
+        from airflow.sdk.exceptions import AirflowFailException
 
         from flora.tracking import log_validation, mlflow_run
         from flora.validation.raw import validate_dataset
@@ -162,13 +168,14 @@ def flora_data_engine() -> None:
             mlflow.log_metrics(
                 {"validation.valid_episodes": len(valid), "validation.issues": len(report.issues)}
             )
+            # The data will not change on a retry: fail the task at once.
             if not valid:
-                raise ValueError(
+                raise AirflowFailException(
                     f"dataset {report.dataset}: no valid episode; see {report_path}: "
                     + "; ".join(i.describe() for i in report.issues[:5])
                 )
             if (params or {}).get("strict") and not report.success:
-                raise ValueError(
+                raise AirflowFailException(
                     f"dataset {report.dataset}: {len(report.invalid_episodes)} invalid "
                     f"episode(s) {report.invalid_episodes} and strict=True; see {report_path}"
                 )
@@ -204,11 +211,14 @@ def flora_data_engine() -> None:
     ) -> dict[str, Any]:
         """Filter + rebalance into the curated mixture; publish it as an Asset event."""
         from flora.curate.steps import curate_step
+        from flora.orchestration.tasks import fail_fast_on_bad_input
 
         p = params or {}
-        rep = curate_step(state["dataset_path"], state["outputs_dir"], state["outputs_dir"],
-                          state["valid_episodes"], state["mlflow_run_id"],
-                          rules=p.get("curation_rules"), dvc_repo=p.get("dvc_repo"))  # fmt: skip
+        rep = fail_fast_on_bad_input("curate", curate_step, state["dataset_path"],
+                                     state["outputs_dir"], state["outputs_dir"],
+                                     state["valid_episodes"], state["mlflow_run_id"],
+                                     rules=p.get("curation_rules"),
+                                     dvc_repo=p.get("dvc_repo"))  # fmt: skip
         if outlet_events is not None:
             outlet_events[MIXTURE_ASSET].extra = {
                 "path": rep["mixture_path"], "dataset": state["dataset"], "rows": rep["rows"],
@@ -242,6 +252,14 @@ def flora_data_engine() -> None:
                           episodes=state["valid_episodes"])  # fmt: skip
         return {**state, "report": rep}
 
+    @task(trigger_rule="all_done", retries=0)
+    def finalize(ti: Any = None, dag_run: Any = None) -> str:
+        """Close the run's MLflow run with the DAG run's real status: FAILED when any task
+        failed, even when a parallel branch that finished later closed it FINISHED."""
+        from flora.tracking import finish_dag_run
+
+        return finish_dag_run(ti, dag_run, DAG_ID, prepare_task="ingest")
+
     # The heavy steps: in-process @task (embedded) or a GPU pod (FLORA_MODE=production).
     segmented = step_task("segment")(state=validate(ingest()))
     captioned = step_task("caption", params=True)(state=segmented)
@@ -249,7 +267,7 @@ def flora_data_engine() -> None:
         [step_task("reward", task_id=f"reward_{m}", params=True)(state=captioned, mode=m)
          for m in REWARD_MODES]
     )  # fmt: skip
-    report(export(curate(joined)))
+    report(export(curate(joined))) >> finalize()
 
 
 dag_object = flora_data_engine()

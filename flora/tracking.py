@@ -150,14 +150,24 @@ def finish_pipeline_run(run_id: str, task_states: Mapping[str, str]) -> str:
 def finish_dag_run(ti: Any, dag_run: Any, dag_id: str, *, prepare_task: str = "prepare",
                    own_task: str = "finalize") -> str:  # fmt: skip
     """A DAG's ``finalize`` task: close the parent run ``prepare_task`` opened, FAILED when
-    any other task of this DAG run failed. ``ti``/``dag_run``: the Airflow task context."""
+    any other task of this DAG run failed. ``ti``/``dag_run``: the Airflow task context.
+
+    Then, when anything failed, ``finalize`` itself fails: it is the DAG's only leaf, and
+    Airflow derives the DAG run's state from its leaves, so a succeeding ``finalize`` would
+    show a run with failed tasks as a success."""
     run_id = str(getattr(dag_run, "run_id", ""))
     states = ti.get_task_states(dag_id=dag_id, run_ids=[run_id]).get(run_id, {})
     states = {k: v for k, v in states.items() if k != own_task}
     prepared = ti.xcom_pull(task_ids=prepare_task) or {}
+    from airflow.sdk.exceptions import AirflowFailException
+
+    failed = sorted(t for t, st in states.items() if str(st).lower() in FAILED_STATES)
     if not prepared.get("mlflow_run_id"):
-        return f"no parent run ({prepare_task} failed)"
-    return finish_pipeline_run(prepared["mlflow_run_id"], states)
+        raise AirflowFailException(f"no MLflow run to close ({prepare_task} failed)")
+    status = finish_pipeline_run(prepared["mlflow_run_id"], states)
+    if failed:
+        raise AirflowFailException(f"run closed {status}: failed tasks {', '.join(failed)}")
+    return status
 
 
 def _is_parent(run: Any) -> bool:

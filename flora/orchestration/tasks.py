@@ -84,9 +84,33 @@ def _in_process(step: str, task_id: str, with_params: bool, **task_kwargs: Any) 
         from flora.orchestration.steps import run_step
 
         kwargs = {**inputs, "params": dict(params or {})} if with_params else inputs
-        return run_step(step, kwargs)
+        return fail_fast_on_bad_input(step, run_step, step, kwargs)
 
     return lambda **inputs: run_in_process(inputs=inputs)
+
+
+def permanent_errors() -> tuple[type[Exception], ...]:
+    """Errors a retry cannot fix: bad input (``FloraDataError``: a damaged file, a table
+    failing its suite) and curation's refusals (empty mixture, bad rules, lineage)."""
+    from flora.curate.rebalance import EmptyMixtureError
+    from flora.curate.rules import RulesError
+    from flora.curate.run import LineageError
+    from flora.data.episode import FloraDataError
+
+    return (FloraDataError, EmptyMixtureError, RulesError, LineageError)
+
+
+def fail_fast_on_bad_input(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``; a :func:`permanent_errors` error fails the task at once, since
+    every retry would fail alike; anything else (a lost node, an out-of-memory kill, a flaky
+    mount) propagates and the task's retries apply. Steps resume from their tables, so a
+    retry redoes only the unfinished episodes."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        return fn(*args, **kwargs)
+    except permanent_errors() as e:
+        raise AirflowFailException(f"{what}: {type(e).__name__}: {e}") from e
 
 
 def _snake(d: dict[str, Any]) -> dict[str, Any]:
@@ -192,4 +216,13 @@ def step_task(
     return _in_process(step, tid, params, **task_kwargs)
 
 
-__all__ = ["PARAMS", "POD_COMMAND", "POD_LABELS", "json_template", "pod_spec_kwargs", "step_task"]
+__all__ = [
+    "PARAMS",
+    "POD_COMMAND",
+    "POD_LABELS",
+    "fail_fast_on_bad_input",
+    "permanent_errors",
+    "json_template",
+    "pod_spec_kwargs",
+    "step_task",
+]

@@ -12,6 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -23,7 +25,7 @@ def test_dagbag_imports_without_errors(airflow_home):
     dag = bag.get_dag("flora_data_engine")
     assert dag is not None
     rewards = {"reward_outcome", "reward_dense", "reward_rubric"}
-    tail = {"summary", "curate", "export", "report"}
+    tail = {"summary", "curate", "export", "report", "finalize"}
     assert set(dag.task_ids) == {"ingest", "validate", "segment", "caption"} | rewards | tail
     assert dag.get_task("validate").upstream_task_ids == {"ingest"}
     assert dag.get_task("segment").upstream_task_ids == {"validate"}
@@ -36,6 +38,12 @@ def test_dagbag_imports_without_errors(airflow_home):
     assert dag.get_task("report").upstream_task_ids == {"export"}
     (asset,) = dag.get_task("curate").outlets
     assert asset.name == "flora_curated_mixture"
+    # Every task retries transient faults (steps resume from their tables); finalize
+    # only reads task states.
+    retries = {t.task_id: t.retries for t in dag.tasks}
+    assert retries.pop("finalize") == 0 and set(retries.values()) == {2}
+    assert dag.get_task("finalize").upstream_task_ids == {"report"}
+    assert dag.get_task("finalize").trigger_rule == "all_done"
     assert dag.schedule is None or str(dag.schedule) == "None"
 
 
@@ -236,7 +244,11 @@ def test_table_failing_its_suite_stops_the_run(airflow_home, tiny_dataset, tmp_p
     dr = dag.test(run_conf={"dataset": str(tiny_dataset)})
     states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
     assert "failed" in str(dr.state).lower(), states
+    get_settings.cache_clear()  # this test's FLORA_HOME must not outlive it
     assert states["validate"].endswith("success") and states["segment"].endswith("failed")
+    # A table failing its suite fails alike on every try: one try, no retry.
+    seg_ti = next(ti for ti in dr.get_task_instances() if ti.task_id == "segment")
+    assert seg_ti.try_number == 1
     for t in ("caption", "reward_outcome", "reward_dense", "reward_rubric", "summary",
               "curate", "export", "report"):  # fmt: skip
         assert states[t].endswith("upstream_failed"), states
@@ -319,3 +331,67 @@ def test_step_options_and_backend_choice(tmp_path):
     stamp = (path / "config.json").stat().st_mtime_ns
     assert ensure_tiny_vlm(path) == path and (path / "config.json").stat().st_mtime_ns == stamp
     assert sorted(p.name for p in path.parent.iterdir()) == ["tiny"]  # no temp dir left
+
+
+def test_bad_input_fails_at_once_and_other_faults_retry():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from flora.data.episode import FloraDataError
+    from flora.orchestration.tasks import fail_fast_on_bad_input
+
+    def bad():
+        raise FloraDataError("action has NaN", episode=3, field="action")
+
+    with pytest.raises(AirflowFailException, match="segment: FloraDataError: .*episode=3"):
+        fail_fast_on_bad_input("segment", bad)
+
+    def lost_node():
+        raise ConnectionError("worker lost")
+
+    with pytest.raises(ConnectionError):  # propagates as is: Airflow retries it
+        fail_fast_on_bad_input("segment", lost_node)
+    assert fail_fast_on_bad_input("segment", lambda x, y=0: x + y, 1, y=2) == 3
+
+
+def test_a_failed_branch_fails_the_run_whatever_finished_last(
+    airflow_home, tiny_dataset, tiny_vlm_dir, monkeypatch, tmp_path
+):
+    """One reward branch fails, its siblings succeed: the MLflow run and the DAG run fail."""
+    from airflow.dag_processing.dagbag import DagBag
+    from mlflow.tracking import MlflowClient
+
+    import flora.engine
+    from flora.data.episode import FloraDataError
+    from flora.settings import get_settings
+
+    flora_home = tmp_path / "flora_home"
+    monkeypatch.setenv("FLORA_HOME", str(flora_home))
+    get_settings.cache_clear()
+    shutil.copytree(tiny_vlm_dir(), flora_home / "models" / "tiny")
+    real = flora.engine.run_reward
+
+    def dense_breaks(mode, *args, **kwargs):
+        if mode == "dense":
+            raise FloraDataError("dense labels unreadable", dataset="toy_tiny", field="labels")
+        return real(mode, *args, **kwargs)
+
+    monkeypatch.setattr(flora.engine, "run_reward", dense_breaks)
+    dag = DagBag(dag_folder=str(REPO / "dags")).get_dag("flora_data_engine")
+    conf = {"dataset": str(tiny_dataset), "vlm_max_episodes": 1, "max_attempts": 1,
+            "max_new_tokens": 8}  # fmt: skip
+    dr = dag.test(run_conf=conf)
+    states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+    assert states["reward_dense"].endswith("failed"), states
+    assert states["reward_outcome"].endswith("success"), states
+    assert states["reward_rubric"].endswith("success"), states
+    # finalize closes the MLflow run, then fails so the DAG run shows the failure too.
+    assert states["finalize"].endswith("failed"), states
+    assert "failed" in str(dr.state).lower()
+
+    run_id = next(t for t in dr.get_task_instances() if t.task_id == "ingest").xcom_pull(
+        task_ids="ingest"
+    )["mlflow_run_id"]
+    run = MlflowClient(tracking_uri=get_settings().tracking_uri).get_run(run_id)
+    assert run.info.status == "FAILED"
+    failed = run.data.tags["flora.failed_tasks"].split(",")
+    assert "reward_dense" in failed and "reward_rubric" not in failed

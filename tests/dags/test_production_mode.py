@@ -336,3 +336,82 @@ def test_pod_command_refuses_bad_input():
     with pytest.raises(SystemExit) as e:
         main(["segment", "--inputs", "[1]"])
     assert e.value.code == 2
+
+
+def test_a_step_killed_mid_way_and_retried_leaves_the_table_exact(
+    monkeypatch, settings_reset, tmp_path
+):
+    """A pod evicted mid-step (SIGKILL) and its retry: every episode once, rows as a clean run."""
+    import signal
+    import time
+
+    from flora.data.synth import generate
+    from flora.engine import ingest_tracked
+    from flora.settings import get_settings
+    from flora.tables import TableStore
+
+    dataset = generate(tmp_path / "data" / "toy12", episodes=12, seed=3, progress=False)
+    ids = [f"toy12/{i:06d}" for i in range(12)]
+
+    def state_for(home: Path) -> dict:
+        monkeypatch.setenv("FLORA_HOME", str(home))
+        get_settings.cache_clear()
+        out = home / "outputs"
+        result, run_id = ingest_tracked(dataset, out / "manifest" / "toy12.parquet",
+                                        tags={"dataset": "toy12"}, run_name="t")  # fmt: skip
+        assert result.ok_indices() == list(range(12))
+        return {"dataset": "toy12", "dataset_path": str(dataset), "outputs_dir": str(out),
+                "mlflow_run_id": run_id, "valid_episodes": list(range(12))}  # fmt: skip
+
+    def command(state: dict) -> list[str]:
+        return [sys.executable, "-m", "flora.orchestration.pod", "segment",
+                "--inputs", json.dumps({"state": state})]  # fmt: skip
+
+    killed = state_for(tmp_path / "killed")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # FLORA_HOME: this run's home
+    parts = Path(killed["outputs_dir"]) / "events"
+    # Niced, so that on a loaded machine this poller still sees the first commit long
+    # before the step could finish all 12 episodes (≈ 3 s of work after it).
+    proc = subprocess.Popen(command(killed), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, cwd=tmp_path,
+                            preexec_fn=lambda: os.nice(19))  # fmt: skip
+    store = TableStore(killed["outputs_dir"])
+    deadline = time.monotonic() + 600
+    while not any(store.has("events", i) for i in ids):  # kill once an episode is committed
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    # Episodes are committed one by one (flora.tables), so the kill lands mid-step; the
+    # episode being written may be left pending (part written, commit not finished).
+    finished = [i for i in ids if store.has("events", i)]
+    assert 1 <= len(finished) < 12, f"the step was not interrupted mid-way ({finished})"
+
+    retry = subprocess.run(command(killed), env=env, capture_output=True, text=True,
+                           timeout=600, cwd=tmp_path)  # fmt: skip
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    rep = json.loads(retry.stdout.strip().splitlines()[-1])["segment"]
+    assert rep["episodes_in"] == list(range(12)) and rep["n_failures"] == 0
+    assert rep["skipped"] == finished  # committed episodes are not redone, the rest are
+
+    clean = state_for(tmp_path / "clean")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command(clean), env=env, capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    ref_store = TableStore(clean["outputs_dir"])
+    assert sorted(p.stem for p in parts.glob("*.parquet")) == sorted(
+        p.stem for p in (Path(clean["outputs_dir"]) / "events").glob("*.parquet")
+    )
+    assert store.pending("events") == [] and store.failures("events") == []
+    got, ref = store.read("events"), ref_store.read("events")
+    assert set(got.episode_id) == set(ids) and set(got.run_id) == {killed["mlflow_run_id"]}
+    cols = [c for c in ref.columns if c != "run_id"]  # the two runs have their own ids
+    key = ["episode_id", "start_us", "end_us"]
+    pd.testing.assert_frame_equal(
+        got[cols].sort_values(key).reset_index(drop=True),
+        ref[cols].sort_values(key).reset_index(drop=True),
+    )
