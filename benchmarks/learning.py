@@ -245,14 +245,20 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     upd: dict[str, Any] = {"lr": recipe.lr * args.lr_scale}
     if recipe.vision_lr is not None:
         upd["vision_lr"] = recipe.vision_lr * args.lr_scale
+    if args.patience is not None:  # e.g. early stop off for a long schedule
+        upd["patience"] = args.patience
     if args.init_from and model != "segmenter":  # continue a released full-weight model
         upd["init_from"] = str(args.init_from / model)
     recipe = recipe.model_copy(update=upd)
     if not (sft_dir / "model" / "flora_model.json").is_file():
         _log(f"{model}: SFT ({steps or recipe.max_steps} steps)")
         t0 = time.perf_counter()
+        from training.sft import latest_checkpoint
+
+        # A cut run (a killed job, a session's end) continues from its last checkpoint.
+        resume = latest_checkpoint(sft_dir / "checkpoints") is not None
         r = train_sft(recipe, set_dir, sft_dir, max_steps=steps or None,
-                      log_mlflow=False, progress=True)  # fmt: skip
+                      log_mlflow=False, progress=True, resume=resume)  # fmt: skip
         res["sft"] = {"steps": r.steps, "last_loss": r.last_loss,
                       "best_eval_loss": r.best_eval_loss,
                       "seconds": time.perf_counter() - t0}  # fmt: skip
@@ -490,6 +496,8 @@ def main() -> None:
         help="multiply the recipe's learning rates (e.g. 0.5 with --init-from)",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (one per model run)")
+    ap.add_argument("--patience", type=int, default=None,
+                    help="override the recipes' early-stop patience (evaluations)")  # fmt: skip
     args = ap.parse_args()
     q = args.quick
     args.episodes = args.episodes or (16 if q else 40)
