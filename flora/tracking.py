@@ -155,18 +155,17 @@ def finish_dag_run(ti: Any, dag_run: Any, dag_id: str, *, prepare_task: str = "p
     Then, when anything failed, ``finalize`` itself fails: it is the DAG's only leaf, and
     Airflow derives the DAG run's state from its leaves, so a succeeding ``finalize`` would
     show a run with failed tasks as a success."""
+    from airflow.sdk.exceptions import AirflowFailException
+
     run_id = str(getattr(dag_run, "run_id", ""))
     states = ti.get_task_states(dag_id=dag_id, run_ids=[run_id]).get(run_id, {})
     states = {k: v for k, v in states.items() if k != own_task}
     prepared = ti.xcom_pull(task_ids=prepare_task) or {}
-    from airflow.sdk.exceptions import AirflowFailException
-
-    failed = sorted(t for t, st in states.items() if str(st).lower() in FAILED_STATES)
     if not prepared.get("mlflow_run_id"):
         raise AirflowFailException(f"no MLflow run to close ({prepare_task} failed)")
     status = finish_pipeline_run(prepared["mlflow_run_id"], states)
-    if failed:
-        raise AirflowFailException(f"run closed {status}: failed tasks {', '.join(failed)}")
+    if status == "FAILED":  # finish_pipeline_run tagged the run with the failed tasks
+        raise AirflowFailException(f"the DAG run had failed tasks; MLflow run {status}")
     return status
 
 

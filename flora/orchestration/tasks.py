@@ -221,8 +221,8 @@ __all__ = [
     "POD_COMMAND",
     "POD_LABELS",
     "fail_fast_on_bad_input",
-    "permanent_errors",
     "json_template",
+    "permanent_errors",
     "pod_spec_kwargs",
     "step_task",
 ]
