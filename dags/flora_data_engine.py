@@ -1,17 +1,28 @@
-"""Airflow 3 DAG ``flora_data_engine``: ingest -> validate -> segment -> caption -> rewards
--> summary -> curate -> export -> report.
+"""Airflow 3 DAG ``flora_data_engine``: ingest -> validate -> plan_shards -> [segment ->
+caption -> rewards] per shard -> summary -> curate -> export -> report.
 
 Every task is a thin adapter: it calls the one ``flora`` function that implements its
 step (``flora.data.ingest``, ``flora.validation.raw``, and for the engine steps
 ``flora.engine.run_segment`` / ``run_caption`` / ``run_reward``, which wire
-``flora.segment`` / ``flora.caption`` / ``flora.reward``), logs to the pipeline run's MLflow
-run (reopened by id) and returns a small JSON *state* dict (XCom) that the next task
-receives and extends::
+``flora.segment`` / ``flora.caption`` / ``flora.reward``), logs to its own MLflow child
+run under the DAG run's parent run, and returns a small JSON *state* dict (XCom) that the
+next task receives and extends::
 
-    ingest -> validate -> segment -> caption -> reward_outcome ┐
-                                             -> reward_dense   ├-> summary -> curate
-                                             -> reward_rubric  ┘      -> export -> report
-                                                                      -> finalize (all_done)
+    ingest -> validate -> plan_shards -> shard[k]: segment -> caption -> reward_outcome ┐
+                                                                     -> reward_dense   ├─┐
+                                                                     -> reward_rubric  ┘ │
+          summary (all_done) <-------------------------------------- every shard ────────┘
+          -> curate -> export -> report -> finalize (all_done)
+
+The heavy steps are a task group ``shard`` mapped over ``plan_shards`` (dynamic task
+mapping, ``.partial(state=…).expand(shard=…)``): shard ``k`` of ``n`` processes the valid
+episodes ``valid[k::n]`` (the VLM steps apply ``vlm_max_episodes`` to the whole run first),
+so shards run in parallel on as many workers or GPU pods as the executor has, and a shard
+that fails leaves the others running. ``summary`` (trigger rule ``all_done``) merges the
+shard reports, scores the whole ``events`` table against the ground truth, logs the run's
+totals to the parent run and writes ``<outputs>/runs/<dataset>/<run id>.json``; when a
+shard failed it then fails itself, naming the shard, so no partial mixture is published
+(a rerun redoes only the failed shard's unfinished episodes: the tables resume).
 
 ``curate`` (``flora.curate.steps.curate_step``) filters and rebalances the tables into the
 curated mixture (``<outputs>/curated/<dataset>/mixture.parquet``, logged as an MLflow dataset,
@@ -21,19 +32,21 @@ the LeRobot export with the events in ``language_persistent``
 (``<outputs>/exports/<dataset>``); ``report`` writes the HTML reports
 (``<outputs>/reports/<dataset>/<mlflow run id>/``) and logs them to MLflow.
 
-State keys every step can rely on: ``dataset``, ``dataset_path`` (absolute),
-``outputs_dir`` (absolute; the ``TableStore`` root: tables go to ``<outputs>/<table>/``),
-``mlflow_run_id`` (the run every task reopens; ``finalize`` closes it FAILED when any
-task failed), ``episodes`` (all indices), and after ``validate``:
-``valid_episodes`` — the only episodes later steps process. Each engine step adds its
-report under its name (``segment``, ``caption``, ``outcome``, ``dense``, ``rubric``: table
-dir, row/failure counts, first failures, validation result). A table that fails its GX
-suite makes its task fail (the report is logged to MLflow first), so it is never handed
-downstream; episodes whose rows fail are quarantined by the step functions.
+XCom carries references, never episode lists. State keys every step can rely on:
+``dataset``, ``dataset_path`` (absolute), ``outputs_dir`` (absolute; the ``TableStore``
+root: tables go to ``<outputs>/<table>/``), ``mlflow_run_id`` (the parent run; ``finalize``
+closes it FAILED when any task failed), ``manifest`` (path), ``episode_sets`` (the run's
+``episodes.json``: ``episodes``, ``ingested``, ``valid``, ``invalid``, ``ingest_errors``;
+read with ``flora.orchestration.shards.episode_set``) and counts (``n_episodes``,
+``n_valid``, ...). Each engine step adds a reference under its name (``segment``,
+``caption``, ``outcome``, ``dense``, ``rubric``: table dir, rows, failures, suite state,
+``report`` = its full report's path); after ``summary`` these are the merged run-wide
+references. A table that fails its GX suite makes its task fail (the report is logged to
+MLflow first), so it is never handed downstream; episodes whose rows fail are quarantined
+by the step functions.
 
-The heavy steps (segment, caption, reward_*) come from
-``flora.orchestration.tasks.step_task``: in-process ``@task`` s by default, GPU
-``KubernetesPodOperator`` pods running the same functions
+The heavy steps come from ``flora.orchestration.tasks.step_task``: in-process ``@task`` s
+by default, GPU ``KubernetesPodOperator`` pods running the same functions
 (``flora.orchestration.steps``) when ``FLORA_MODE=production`` (docs/orchestration.md,
 "Production mode"); every path in the state lies on the shared volume then.
 
@@ -49,7 +62,7 @@ from datetime import timedelta
 from typing import Any
 
 import pendulum
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Asset, Param, dag, task, task_group
 
 from flora.orchestration.tasks import step_task
 
@@ -60,6 +73,9 @@ MIXTURE_ASSET = Asset(name="flora_curated_mixture", uri="flora://curated-mixture
 #: The rewarder's modes, one task each (same tuple as ``flora.engine.REWARD_MODES``; not
 #: imported so that parsing this file does not import flora).
 REWARD_MODES = ("outcome", "dense", "rubric")
+#: The engine steps in the shard group (task id -> the key its reference is under).
+SHARD_STEPS = {"segment": "segment", "caption": "caption",
+               **{f"reward_{m}": m for m in REWARD_MODES}}  # fmt: skip
 
 
 @dag(
@@ -82,6 +98,13 @@ REWARD_MODES = ("outcome", "dense", "rubric")
             False,
             type="boolean",
             description="Fail the run when any episode is invalid (default: quarantine it).",
+        ),
+        "shards": Param(
+            2,
+            type="integer",
+            minimum=1,
+            description="Fan the engine steps out over this many episode shards (at most "
+            "one per valid episode).",
         ),
         "vlm_max_episodes": Param(
             None,
@@ -122,31 +145,42 @@ def flora_data_engine() -> None:
 
     @task
     def ingest(params: dict | None = None, dag_run: Any = None) -> dict[str, Any]:
-        """Open the dataset, check every episode, write the manifest; opens the MLflow run."""
+        """Open the MLflow parent run, check every episode, write the manifest."""
         from pathlib import Path
 
         from flora.engine import ingest_tracked
         from flora.orchestration import shared_path
+        from flora.orchestration.shards import write_episode_sets
         from flora.settings import get_settings
-        from flora.tracking import airflow_run_tags
+        from flora.tracking import airflow_run_tags, start_pipeline_run
 
         s = get_settings()
+        p = params or {}
         # Paths handed downstream must be visible to every worker and pod (production).
-        path = Path(shared_path((params or {}).get("dataset") or s.dataset, "dataset"))
+        path = Path(shared_path(p.get("dataset") or s.dataset, "dataset"))
         out_dir = Path(shared_path(s.outputs_dir, "outputs dir (FLORA_HOME/outputs)"))
         tags = {"dataset": path.name, "dataset_path": str(path)}
         tags |= airflow_run_tags(DAG_ID, dag_run)
-        result, run_id = ingest_tracked(path, out_dir / "manifest" / f"{path.name}.parquet",
-                                        tags=tags, run_name=f"{DAG_ID}/{path.name}")  # fmt: skip
-        return {
+        # A retried ingest opens a new parent run; the tables do not depend on it.
+        parent = start_pipeline_run("data-engine", tags=tags, params=p,
+                                    experiment=s.mlflow_experiment,
+                                    run_name=f"{DAG_ID}/{path.name}")  # fmt: skip
+        manifest = out_dir / "manifest" / f"{path.name}.parquet"
+        result, run_id = ingest_tracked(path, manifest, tags=tags, run_name="ingest",
+                                        run_id=parent)  # fmt: skip
+        state = {
             "dataset": result.dataset.name,
             "dataset_path": str(path),
             "outputs_dir": str(out_dir),
             "mlflow_run_id": run_id,
-            "episodes": [int(i) for i in result.manifest["episode_index"]],
-            "ingested": result.ok_indices(),
-            "ingest_errors": {str(k): v for k, v in result.errors().items()},
+            "manifest": str(manifest),
         }
+        episodes = [int(i) for i in result.manifest["episode_index"]]
+        errors = {str(k): v for k, v in result.errors().items()}
+        sets = write_episode_sets(state, episodes=episodes, ingested=result.ok_indices(),
+                                  ingest_errors=errors)  # fmt: skip
+        return {**state, "episode_sets": sets, "n_episodes": len(episodes),
+                "n_ingested": len(result.ok_indices()), "n_ingest_errors": len(errors)}  # fmt: skip
 
     @task
     def validate(state: dict[str, Any], params: dict | None = None) -> dict[str, Any]:
@@ -156,13 +190,15 @@ def flora_data_engine() -> None:
         import mlflow
         from airflow.sdk.exceptions import AirflowFailException
 
+        from flora.orchestration.shards import episode_set, write_episode_sets
         from flora.tracking import log_validation, mlflow_run
         from flora.validation.raw import validate_dataset
 
         report = validate_dataset(state["dataset_path"], progress=False)
         out = Path(state["outputs_dir"]) / "validation" / f"{state['dataset']}.raw.json"
         report_path = report.write(out)
-        valid = [i for i in report.valid_episodes if i in set(state["ingested"])]
+        ingested = set(episode_set(state, "ingested"))
+        valid = [i for i in report.valid_episodes if i in ingested]
         with mlflow_run("validate", run_id=state["mlflow_run_id"]):
             log_validation(report, name="raw")
             mlflow.log_metrics(
@@ -179,31 +215,46 @@ def flora_data_engine() -> None:
                     f"dataset {report.dataset}: {len(report.invalid_episodes)} invalid "
                     f"episode(s) {report.invalid_episodes} and strict=True; see {report_path}"
                 )
+        invalid = [int(i) for i in report.invalid_episodes]
+        write_episode_sets(state, valid=valid, invalid=invalid)
         return {
             **state,
-            "valid_episodes": valid,
-            "invalid_episodes": report.invalid_episodes,
+            "n_valid": len(valid),
+            "n_invalid": len(invalid),
             "validation_success": report.success,
             "validation_report": str(report_path),
         }
 
     @task
-    def summary(states: list[dict[str, Any]]) -> dict[str, Any]:
-        """Join the reward branches: one summary per table, logged and written to outputs."""
-        from pathlib import Path
+    def plan_shards(state: dict[str, Any], params: dict | None = None) -> list[dict[str, int]]:
+        """The shards the engine steps fan out over: ``{"index": k, "count": n}`` each."""
+        from flora.orchestration.shards import plan_shards as plan
 
-        import mlflow
+        return plan(state["n_valid"], int((params or {}).get("shards") or 1))
 
-        from flora.engine import STEP_TABLES, engine_summary, write_json
-        from flora.tracking import mlflow_run
+    @task(trigger_rule="all_done")
+    def summary(
+        state: dict[str, Any], shards: list[dict[str, int]], ti: Any = None
+    ) -> dict[str, Any]:
+        """Merge the shards' reports into one per table, score the run, log it to the parent
+        run; then fail, naming them, when any shard failed (after recording what it did)."""
+        from airflow.sdk.exceptions import AirflowFailException
 
-        state = {k: v for st in states for k, v in st.items()}
-        tables = engine_summary([state[s] for s in STEP_TABLES if s in state])
-        out = Path(state["outputs_dir"]) / "runs" / state["dataset"]
-        path = write_json(tables, out / f"{state['mlflow_run_id']}.json")
-        with mlflow_run("summary", run_id=state["mlflow_run_id"]):
-            mlflow.log_dict(tables, "engine_summary.json")
-        return {**state, "tables": tables, "summary_path": str(path)}
+        from flora.engine import summarize_shards
+
+        # What each shard's tasks handed on, by map index (None: it did not finish).
+        every = list(range(len(shards)))
+        handoffs = {key: ti.xcom_pull(task_ids=f"shard.{tid}", map_indexes=every)
+                    for tid, key in SHARD_STEPS.items()}  # fmt: skip
+        out = summarize_shards(state, shards, handoffs)
+        failed = out["failed_shards"]
+        if failed:
+            raise AirflowFailException(
+                f"{len(failed)} of {len(shards)} shard(s) did not finish: "
+                + "; ".join(f"shard {k}: {', '.join(v)}" for k, v in failed.items())
+                + f" (the others completed; summary {out['summary_path']})"
+            )
+        return out
 
     @task(outlets=[MIXTURE_ASSET])
     def curate(
@@ -211,12 +262,13 @@ def flora_data_engine() -> None:
     ) -> dict[str, Any]:
         """Filter + rebalance into the curated mixture; publish it as an Asset event."""
         from flora.curate.steps import curate_step
+        from flora.orchestration.shards import episode_set
         from flora.orchestration.tasks import fail_fast_on_bad_input
 
         p = params or {}
         rep = fail_fast_on_bad_input("curate", curate_step, state["dataset_path"],
                                      state["outputs_dir"], state["outputs_dir"],
-                                     state["valid_episodes"], state["mlflow_run_id"],
+                                     episode_set(state, "valid"), state["mlflow_run_id"],
                                      rules=p.get("curation_rules"),
                                      dvc_repo=p.get("dvc_repo"))  # fmt: skip
         if outlet_events is not None:
@@ -237,6 +289,8 @@ def flora_data_engine() -> None:
         rep = export_step(state["dataset_path"], state["outputs_dir"], out,
                           state["mlflow_run_id"],
                           mixture=state["curate"]["mixture_path"])  # fmt: skip
+        # A count in XCom; the episodes themselves are in the export's meta/ files.
+        rep["n_episodes_without_events"] = len(rep.pop("episodes_without_events", []))
         return {**state, "export": rep}
 
     @task
@@ -245,11 +299,12 @@ def flora_data_engine() -> None:
         from pathlib import Path
 
         from flora.curate.steps import report_step
+        from flora.orchestration.shards import episode_set
 
         out = Path(state["outputs_dir"]) / "reports" / state["dataset"] / state["mlflow_run_id"]
         rep = report_step(state["dataset_path"], state["outputs_dir"], out,
                           state["mlflow_run_id"], mixture=state["curate"]["mixture_path"],
-                          episodes=state["valid_episodes"])  # fmt: skip
+                          episodes=episode_set(state, "valid"))  # fmt: skip
         return {**state, "report": rep}
 
     @task(trigger_rule="all_done", retries=0)
@@ -260,13 +315,22 @@ def flora_data_engine() -> None:
 
         return finish_dag_run(ti, dag_run, DAG_ID, prepare_task="ingest")
 
-    # The heavy steps: in-process @task (embedded) or a GPU pod (FLORA_MODE=production).
-    segmented = step_task("segment")(state=validate(ingest()))
-    captioned = step_task("caption", params=True)(state=segmented)
-    joined = summary(
-        [step_task("reward", task_id=f"reward_{m}", params=True)(state=captioned, mode=m)
-         for m in REWARD_MODES]
-    )  # fmt: skip
+    # The heavy steps, one group per shard: in-process @task (embedded) or GPU pods
+    # (FLORA_MODE=production); within a group each task takes its own shard's upstream.
+    @task_group(group_id="shard")
+    def shard(state: Any, shard: Any) -> None:
+        segmented = step_task("segment")(state=state, shard=shard)
+        captioned = step_task("caption", params=True)(state=segmented, shard=shard)
+        for m in REWARD_MODES:
+            step_task("reward", task_id=f"reward_{m}", params=True)(
+                state=captioned, shard=shard, mode=m
+            )
+
+    validated = validate(ingest())
+    planned = plan_shards(validated)
+    groups = shard.partial(state=validated).expand(shard=planned)
+    joined = summary(validated, planned)
+    groups >> joined
     report(export(curate(joined))) >> finalize()
 
 

@@ -571,7 +571,13 @@ def _summary(home: Path, dataset: Path, env: dict[str, str], elapsed: float,
             f"{int(m.get('validation.valid_episodes', 0))} valid",
         )
         t.add_row("validation", r.data.tags.get("validation.raw", "?"))
-        t.add_row("steps", r.data.tags.get("flora.steps", "?"))
+        children = client.search_runs(
+            [r.info.experiment_id], f"tags.mlflow.parentRunId = '{r.info.run_id}'",
+            max_results=1000,
+        )  # fmt: skip
+        shards = sorted({c.data.tags.get("flora.shard", "") for c in children} - {"", "all"})
+        t.add_row("tasks", f"{len(children)} child runs (one per task; engine steps over "
+                           f"{len(shards)} shards: {', '.join(shards) or '-'})")  # fmt: skip
         if "segment.f1_at_0.5" in m:
             t.add_row(
                 "segmentation",

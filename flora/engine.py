@@ -245,16 +245,7 @@ class StepReport:
 
     def counts(self) -> dict[str, float]:
         """``step.<step>.*`` metrics."""
-        c = {
-            "episodes_in": len(self.episodes_in),
-            "processed": len(self.processed),
-            "skipped": len(self.skipped),
-            "rows": self.rows,
-            "episodes_with_rows": self.episodes_with_rows,
-            "failures": len(self.failures),
-            "failed_episodes": len(self.failed_episodes),
-        }
-        return {f"step.{self.step}.{k}": float(v) for k, v in c.items()}
+        return report_counts(self.to_dict())
 
     def to_dict(self, *, all_failures: bool = False) -> dict[str, Any]:
         """JSON summary (no nulls); inline failures are capped unless ``all_failures``.
@@ -294,6 +285,21 @@ class StepReport:
         else:
             mlflow.set_tag(f"validation.{self.table}", "empty")
         mlflow.log_dict(self.to_dict(all_failures=True), f"steps/{self.step}.json")
+
+
+def report_counts(d: dict[str, Any]) -> dict[str, float]:
+    """``step.<step>.*`` and ``table.<table>.*`` count metrics of a report dict
+    (``StepReport.to_dict`` or :func:`merge_reports` form)."""
+    c = {
+        "episodes_in": len(d["episodes_in"]),
+        "processed": len(d["processed"]),
+        "skipped": len(d["skipped"]),
+        "rows": d["rows"],
+        "episodes_with_rows": d["episodes_with_rows"],
+        "failures": d["n_failures"],
+        "failed_episodes": len(d["failed_episodes"]),
+    }
+    return {f"step.{d['step']}.{k}": float(v) for k, v in c.items()}
 
 
 @dataclass
@@ -400,16 +406,65 @@ def run_segment(
     except TableValidationError as e:
         _log_rejected_table(e, "events")
         raise
-    metrics: dict[str, float] = {}
-    if evaluate and (root / "ground_truth" / "events.parquet").exists():
-        from flora.segment.evaluate import evaluate_events
-
-        ev = evaluate_events(res.events, root)
-        metrics = {f"segment.{k}".replace("@", "_at_"): float(v) for k, v in ev.metrics.items()}
-        metrics["segment.missing_episodes"] = float(len(ev.missing_episodes))
+    metrics = _segment_metrics(res.events, root) if evaluate else {}
     return _report("segment", out, name, episodes, processed=res.processed,
                    skipped=res.skipped, validation=res.report, backend=backend,
                    metrics=metrics)  # fmt: skip
+
+
+def _segment_metrics(events: pd.DataFrame, root: Path) -> dict[str, float]:
+    """``segment.<metric>`` of ``events`` against the toy world's ground truth ({} without)."""
+    if not (root / "ground_truth" / "events.parquet").exists():
+        return {}
+    from flora.segment.evaluate import evaluate_events
+
+    ev = evaluate_events(events, root)
+    metrics = {f"segment.{k}".replace("@", "_at_"): float(v) for k, v in ev.metrics.items()}
+    metrics["segment.missing_episodes"] = float(len(ev.missing_episodes))
+    return metrics
+
+
+def segment_metrics(
+    dataset_path: str | Path, out_dir: str | Path, episodes: Sequence[int]
+) -> dict[str, float]:
+    """The segment metrics of ``episodes``' events now in the ``events`` table under
+    ``out_dir`` (what ``run_segment`` reports; the sharded DAG scores the whole run once)."""
+    from flora.data import open_dataset
+    from flora.tables import TableStore
+
+    root = Path(dataset_path)
+    df = TableStore(out_dir).read("events")
+    ids = _ids(open_dataset(root).name, episodes)
+    return _segment_metrics(df[df["episode_id"].isin(ids)] if len(df) else df, root)
+
+
+_STATE_RANK = {"empty": 0, "passed": 1, "failed": 2}
+
+
+def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One step's report dicts from several shards (``StepReport.to_dict`` form) as one:
+    counts summed, episode lists and failures joined, the worst suite state, no metrics
+    (a step's metrics are recomputed over the whole run, e.g. :func:`segment_metrics`)."""
+    if not reports:
+        raise ValueError("no step reports to merge")
+    first = reports[0]
+    if len({r["step"] for r in reports}) != 1:
+        raise ValueError(f"reports of different steps: {sorted({r['step'] for r in reports})}")
+    joined = {k: sorted(x for r in reports for x in r[k])
+              for k in ("episodes_in", "processed", "skipped")}  # fmt: skip
+    failures = [f for r in reports for f in r["failures"]]
+    same = ("step", "table", "table_dir", "dataset", "model", "model_version")
+    return {
+        **{k: first[k] for k in same},
+        **joined,
+        "rows": sum(int(r["rows"]) for r in reports),
+        "episodes_with_rows": sum(int(r["episodes_with_rows"]) for r in reports),
+        "failures": failures,
+        "n_failures": sum(int(r["n_failures"]) for r in reports),
+        "failed_episodes": sorted({e for r in reports for e in r["failed_episodes"]}),
+        "valid": max((r["valid"] for r in reports), key=_STATE_RANK.__getitem__),
+        "metrics": {},
+    }
 
 
 def run_caption(
@@ -534,23 +589,90 @@ def engine_summary(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def summarize_shards(
+    state: dict[str, Any],
+    shards: Sequence[dict[str, int]],
+    handoffs: dict[str, Sequence[dict[str, Any] | None]],
+) -> dict[str, Any]:
+    """The data-engine DAG's ``summary`` step over its episode shards.
+
+    ``handoffs``: per step (``segment``, ``caption``, ``outcome``, ...), what each shard's
+    task handed on, by map index (None where it did not finish). Merges each step's shard
+    reports (:func:`merge_reports`), scores the whole run's events against the ground
+    truth, writes the per-table summary to ``<outputs>/runs/<dataset>/<run id>.json`` and
+    the merged reports beside the episode sets, and logs the run's totals to the MLflow
+    parent run. Returns the state with the merged references, ``tables``, ``summary_path``
+    and ``failed_shards`` (shard label -> the steps it did not finish).
+    """
+    from flora.orchestration.shards import episode_set, run_dir, unfinished_shards
+    from flora.orchestration.steps import REFERENCE_KEYS
+    from flora.tracking import log_to_run
+
+    done = {key: [h for h in handoffs.get(key) or [] if h] for key in STEP_TABLES}
+    failed = unfinished_shards(shards, handoffs)
+    merged: dict[str, dict[str, Any]] = {}
+    for key in STEP_TABLES:
+        refs = done[key]
+        if refs:
+            merged[key] = merge_reports([json.loads(Path(r[key]["report"]).read_text())
+                                         for r in refs])  # fmt: skip
+    if "segment" in merged:
+        merged["segment"]["metrics"] = segment_metrics(
+            state["dataset_path"], state["outputs_dir"], episode_set(state, "valid")
+        )
+    tables = engine_summary(list(merged.values()))
+    out = Path(state["outputs_dir"]) / "runs" / state["dataset"]
+    summary_path = write_json(tables, out / f"{state['mlflow_run_id']}.json")
+    handed: dict[str, Any] = {}
+    for key, rep in merged.items():
+        path = write_json(rep, run_dir(state) / "steps" / f"{key}.json")
+        handed[key] = {k: rep[k] for k in REFERENCE_KEYS} | {
+            "episodes": len(rep["episodes_in"]), "report": str(path)}  # fmt: skip
+
+    metrics = {"ingest.episodes": state["n_episodes"], "ingest.ok": state["n_ingested"],
+               "validation.valid_episodes": state["n_valid"],
+               "validation.invalid_episodes": state["n_invalid"],
+               "shards.failed": len(failed)}  # fmt: skip
+    tags = {"validation.raw": "passed" if state["validation_success"] else "failed",
+            "flora.failed_shards": ",".join(sorted(failed))}  # fmt: skip
+    for rep in merged.values():
+        metrics |= report_counts(rep) | rep["metrics"]
+        metrics |= {f"table.{rep['table']}.rows": rep["rows"],
+                    f"table.{rep['table']}.episodes": rep["episodes_with_rows"]}  # fmt: skip
+        tags |= {f"validation.{rep['table']}": rep["valid"],
+                 f"step.{rep['step']}.model": rep["model"],
+                 f"step.{rep['step']}.model_version": rep["model_version"]}  # fmt: skip
+    artifacts = {"engine_summary.json": tables} | {
+        f"steps/{key}.json": rep for key, rep in merged.items()}  # fmt: skip
+    log_to_run(state["mlflow_run_id"], metrics=metrics, tags=tags, dicts=artifacts)
+    return {**state, **handed, "tables": tables, "summary_path": str(summary_path),
+            "failed_shards": failed}  # fmt: skip
+
+
 # --------------------------------------------------------------------------- adapters' glue
 
 
 def ingest_tracked(
-    path: str | Path, manifest_out: str | Path, *, tags: dict[str, str], run_name: str
+    path: str | Path,
+    manifest_out: str | Path,
+    *,
+    tags: dict[str, str],
+    run_name: str,
+    run_id: str | None = None,
 ) -> tuple[Any, str]:
     """Ingest ``path`` (manifest written to ``manifest_out``) in a new MLflow run.
 
-    The pipeline run's MLflow run starts here: it gets ``tags``, the manifest summary and
-    the ingest counts. Returns ``(IngestResult, mlflow_run_id)``.
+    Without ``run_id`` the pipeline run's MLflow run starts here (KFP): it gets ``tags``,
+    the manifest summary and the ingest counts. With the id of a pipeline parent run
+    (``flora.tracking.start_pipeline_run``: the Airflow DAG) they go to ingest's child run.
+    Returns ``(IngestResult, mlflow_run_id)``: the id of the run to hand on.
     """
     import mlflow
 
     from flora.data.ingest import ingest_dataset
     from flora.tracking import log_table_summary, mlflow_run
 
-    with mlflow_run("ingest", tags=tags, run_name=run_name) as run:
+    with mlflow_run("ingest", tags=tags, run_name=run_name, run_id=run_id) as run:
         result = ingest_dataset(path, out=manifest_out, progress=False)
         log_table_summary("manifest", result.manifest)
         mlflow.log_metrics(
@@ -560,17 +682,23 @@ def ingest_tracked(
                 "ingest.errors": result.n_error,
             }
         )
-        run_id = run.info.run_id
-    return result, run_id
+        handed_on = run_id or run.info.run_id
+    return result, handed_on
 
 
 def tracked(
-    name: str, mlflow_run_id: str, step: Callable[..., StepReport], *args: Any, **kwargs: Any
+    name: str,
+    mlflow_run_id: str,
+    step: Callable[..., StepReport],
+    *args: Any,
+    run_tags: dict[str, str] | None = None,
+    **kwargs: Any,
 ) -> StepReport:
-    """Run ``step(*args, **kwargs)`` as ``name`` in the pipeline's MLflow run; log its report."""
+    """Run ``step(*args, **kwargs)`` as ``name`` in the pipeline's MLflow run (its child run
+    when the id is a pipeline parent) tagged ``run_tags``; log its report there."""
     from flora.tracking import mlflow_run
 
-    with mlflow_run(name, run_id=mlflow_run_id):
+    with mlflow_run(name, run_tags, run_id=mlflow_run_id):
         rep = step(*args, **kwargs)
         rep.log_mlflow()
     return rep
@@ -601,12 +729,16 @@ __all__ = [
     "engine_summary",
     "ensure_tiny_vlm",
     "ingest_tracked",
+    "merge_reports",
     "publish_kfp",
+    "report_counts",
     "rubric_source",
     "run_caption",
     "run_reward",
     "run_segment",
     "segment_backend",
+    "segment_metrics",
+    "summarize_shards",
     "tiny_model_dir",
     "tracked",
     "vlm_backend",

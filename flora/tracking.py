@@ -221,6 +221,48 @@ def mlflow_run(
         mlflow.end_run(status="FINISHED")
 
 
+def log_to_run(
+    run_id: str,
+    *,
+    metrics: Mapping[str, float] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    dicts: Mapping[str, Any] | None = None,
+) -> None:
+    """Log to run ``run_id`` itself, leaving its status alone: a pipeline's run-wide totals
+    on its parent run (``mlflow_run(run_id=parent)`` would open a child). ``dicts``:
+    artifact file -> JSON-able object."""
+    import time
+
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, RunTag
+
+    configure()
+    client = MlflowClient()
+    now = int(time.time() * 1000)
+    client.log_batch(
+        run_id,
+        metrics=[Metric(str(k), float(v), now, 0) for k, v in (metrics or {}).items()],
+        tags=[RunTag(str(k), str(v)) for k, v in (tags or {}).items()],
+    )
+    for name, obj in (dicts or {}).items():
+        client.log_dict(run_id, obj, name)
+
+
+def child_runs(parent_run_id: str) -> list[Any]:
+    """The child runs of a pipeline parent run (one per task; oldest first)."""
+    from mlflow import MlflowClient
+
+    configure()
+    client = MlflowClient()
+    parent = client.get_run(parent_run_id)
+    return client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+        order_by=["attributes.start_time ASC"],
+        max_results=1000,
+    )
+
+
 def airflow_run_tags(dag_id: str, dag_run: Any) -> dict[str, str]:
     """MLflow tags that tie a run to the Airflow DAG run that produced it."""
     return {

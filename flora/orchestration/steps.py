@@ -12,43 +12,90 @@ the bodies so that parsing a DAG file does not import torch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flora.orchestration.shards import Shard
 
 State = dict[str, Any]
 
 
 # ----------------------------------------------------------------- flora_data_engine
+#
+# Each engine step runs on one shard of the run's valid episodes (``shard``: a
+# ``flora.orchestration.shards.Shard`` from ``plan_shards``; None = all of them), in its
+# own MLflow child run, writes its full report next to the run's episode sets and hands
+# on a reference: counts, the table's location and suite state, the report's path.
+
+#: The keys of a step report that travel in XCom (``report``: the full report's path).
+REFERENCE_KEYS = ("step", "table", "table_dir", "rows", "n_failures", "valid", "model",
+                  "model_version")  # fmt: skip
 
 
-def segment(state: State) -> State:
-    """Segment the valid episodes into the ``events`` table (+ F1 vs ground truth)."""
+def _hand_off(state: State, name: str, shard: Shard | None, rep: Any) -> State:
+    from flora.engine import write_json
+    from flora.orchestration.shards import report_path
+
+    full = rep.to_dict(all_failures=True)
+    path = write_json(full, report_path(state, name, shard))
+    ref = {k: full[k] for k in REFERENCE_KEYS} | {
+        "episodes": len(full["episodes_in"]),
+        "report": str(path),
+    }
+    return {**state, "shard": shard, name: ref}
+
+
+def _shard_tags(shard: Shard | None) -> dict[str, str]:
+    from flora.orchestration.shards import shard_label
+
+    return {"flora.shard": shard_label(shard)}
+
+
+def segment(state: State, shard: Shard | None = None) -> State:
+    """Segment the shard's valid episodes into the ``events`` table (scored by ``summary``)."""
     from flora.engine import run_segment, tracked
+    from flora.orchestration.shards import episode_set, shard_episodes
 
+    eps = shard_episodes(episode_set(state, "valid"), shard)
     rep = tracked("segment", state["mlflow_run_id"], run_segment, state["dataset_path"],
-                  state["outputs_dir"], state["valid_episodes"],
-                  state["mlflow_run_id"])  # fmt: skip
-    return {**state, "segment": rep.to_dict()}
+                  state["outputs_dir"], eps, state["mlflow_run_id"], evaluate=False,
+                  run_tags=_shard_tags(shard))  # fmt: skip
+    return _hand_off(state, "segment", shard, rep)
 
 
-def caption(state: State, params: dict[str, Any] | None = None) -> State:
-    """Caption the events of the valid episodes into the ``captions`` table."""
+def _vlm_episodes(state: State, shard: Shard | None, opt: Any) -> list[int]:
+    from flora.orchestration.shards import episode_set, shard_episodes
+
+    # The episode bound applies to the whole run, then the shard takes its part of it.
+    return shard_episodes(opt.vlm_episodes(episode_set(state, "valid")), shard)
+
+
+def caption(
+    state: State, shard: Shard | None = None, params: dict[str, Any] | None = None
+) -> State:
+    """Caption the events of the shard's valid episodes into the ``captions`` table."""
     from flora.engine import StepOptions, run_caption, tracked
 
+    opt = StepOptions.from_mapping(params)
     rep = tracked("caption", state["mlflow_run_id"], run_caption, state["dataset_path"],
                   state["segment"]["table_dir"], state["outputs_dir"],
-                  state["valid_episodes"], state["mlflow_run_id"],
-                  options=StepOptions.from_mapping(params))  # fmt: skip
-    return {**state, "caption": rep.to_dict()}
+                  _vlm_episodes(state, shard, opt), state["mlflow_run_id"], options=opt,
+                  run_tags=_shard_tags(shard))  # fmt: skip
+    return _hand_off(state, "caption", shard, rep)
 
 
-def reward(state: State, mode: str, params: dict[str, Any] | None = None) -> State:
-    """One rewarder mode (outcome | dense | rubric) into its table."""
+def reward(
+    state: State, mode: str, shard: Shard | None = None, params: dict[str, Any] | None = None
+) -> State:
+    """One rewarder mode (outcome | dense | rubric) on the shard's episodes into its table."""
     from flora.engine import StepOptions, run_reward, tracked
 
+    opt = StepOptions.from_mapping(params)
     rep = tracked(mode, state["mlflow_run_id"], run_reward, mode, state["dataset_path"],
-                  state["outputs_dir"], state["valid_episodes"], state["mlflow_run_id"],
-                  options=StepOptions.from_mapping(params))  # fmt: skip
-    return {**state, mode: rep.to_dict()}
+                  state["outputs_dir"], _vlm_episodes(state, shard, opt),
+                  state["mlflow_run_id"], options=opt,
+                  run_tags=_shard_tags(shard))  # fmt: skip
+    return _hand_off(state, mode, shard, rep)
 
 
 # ----------------------------------------------------------------- flora_train_models
@@ -122,4 +169,4 @@ def run_step(name: str, inputs: dict[str, Any]) -> State:
     return STEPS[name](**inputs)
 
 
-__all__ = ["STEPS", "run_step", *STEPS]
+__all__ = ["REFERENCE_KEYS", "STEPS", "run_step", *STEPS]

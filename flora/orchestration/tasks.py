@@ -14,10 +14,12 @@
 
 Inputs are the step's keyword arguments: upstream ``XComArg`` s or JSON values. In a pod
 they arrive as one JSON argument rendered by Airflow's templating
-(``ti.xcom_pull(...) | tojson``), so the pod sees exactly the dicts the ``@task`` would.
-Light steps (ingest, validate, summary, curate, export, report, build_set, register,
-promote, deploy, prepare, finalize) stay ``@task`` in both modes: in production they run
-on the KubernetesExecutor's worker pods (CPU image, same PVC; infra/helm/airflow-values.yaml).
+(``ti.xcom_pull(...) | tojson``), so the pod sees exactly the dicts the ``@task`` would;
+inside a mapped task group a pod pulls its own map index's upstream and group argument.
+Light steps (ingest, validate, plan_shards, summary, curate, export, report, build_set,
+register, promote, deploy, prepare, finalize) stay ``@task`` in both modes: in production
+they run on the KubernetesExecutor's worker pods (CPU image, same PVC;
+infra/helm/airflow-values.yaml).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow.sdk import task
+from airflow.sdk.definitions._internal.expandinput import MappedArgument
 from airflow.sdk.definitions.xcom_arg import PlainXComArg, XComArg
 
 from flora.orchestration import POD_LABELS, SECRET_ENV
@@ -48,14 +51,31 @@ class _Params:
 PARAMS = _Params()
 
 
+def _pull(arg: PlainXComArg) -> str:
+    """The Jinja expression pulling ``arg``: within a mapped task group, the value of the
+    same map index (the shard's own upstream), else the task's one value."""
+    same_index = arg.operator.get_closest_mapped_task_group() is not None
+    index = ", map_indexes=ti.map_index" if same_index else ""
+    return f"ti.xcom_pull(task_ids={arg.operator.task_id!r}, key={arg.key!r}{index})"
+
+
+def _mapped_source(value: MappedArgument) -> PlainXComArg:
+    # A task group's .expand(name=<XComArg>) argument: the list it maps over.
+    source = value._input.value.get(value._key) if hasattr(value._input, "value") else None
+    if not isinstance(source, PlainXComArg):
+        raise TypeError(f"a pod step can take a group's mapped argument only when it maps "
+                        f"over one task's output, got {source!r}")  # fmt: skip
+    return source
+
+
 def json_template(value: Any) -> str:
     """``value`` as JSON text in which every ``XComArg`` is a Jinja ``xcom_pull | tojson``
-    (and :data:`PARAMS` the run's params), for a templated operator argument."""
+    (:data:`PARAMS` the run's params; a mapped task group's argument the map index's item
+    of the list the group maps over), for a templated operator argument."""
     if isinstance(value, PlainXComArg):
-        return (
-            f"{{{{ ti.xcom_pull(task_ids={value.operator.task_id!r}, key={value.key!r})"
-            " | tojson }}"
-        )
+        return f"{{{{ {_pull(value)} | tojson }}}}"
+    if isinstance(value, MappedArgument):
+        return f"{{{{ ({_pull(_mapped_source(value))})[ti.map_index] | tojson }}}}"
     if isinstance(value, XComArg):
         raise TypeError(f"only plain XComArgs can be passed to a pod step, got {value!r}")
     if isinstance(value, _Params):
@@ -71,6 +91,8 @@ def json_template(value: Any) -> str:
 def _upstreams(value: Any) -> list[XComArg]:
     if isinstance(value, XComArg):
         return [value]
+    if isinstance(value, MappedArgument):
+        return [_mapped_source(value)]
     if isinstance(value, dict):
         return [x for v in value.values() for x in _upstreams(v)]
     if isinstance(value, list | tuple):

@@ -24,26 +24,35 @@ def test_dagbag_imports_without_errors(airflow_home):
     assert bag.import_errors == {}
     dag = bag.get_dag("flora_data_engine")
     assert dag is not None
-    rewards = {"reward_outcome", "reward_dense", "reward_rubric"}
+    heavy = {"shard.segment", "shard.caption"} | {f"shard.reward_{m}" for m in
+                                                   ("outcome", "dense", "rubric")}  # fmt: skip
+    rewards = {t for t in heavy if "reward" in t}
     tail = {"summary", "curate", "export", "report", "finalize"}
-    assert set(dag.task_ids) == {"ingest", "validate", "segment", "caption"} | rewards | tail
-    assert dag.get_task("validate").upstream_task_ids == {"ingest"}
-    assert dag.get_task("segment").upstream_task_ids == {"validate"}
-    assert dag.get_task("caption").upstream_task_ids == {"segment"}
+    assert set(dag.task_ids) == {"ingest", "validate", "plan_shards"} | heavy | tail
+    up = {t.task_id: t.upstream_task_ids for t in dag.tasks}
+    assert up["validate"] == {"ingest"} and up["plan_shards"] == {"validate"}
+    # The engine steps: one task group mapped over plan_shards' shards.
+    group = dag.task_group.children["shard"]
+    assert type(group).__name__ == "MappedTaskGroup"
+    assert set(group.children) == heavy
+    assert up["shard.segment"] == {"validate", "plan_shards"}
+    assert up["shard.caption"] == {"shard.segment", "plan_shards"}
     for t in rewards:
-        assert dag.get_task(t).upstream_task_ids == {"caption"}
-    assert dag.get_task("summary").upstream_task_ids == rewards
-    assert dag.get_task("curate").upstream_task_ids == {"summary"}
-    assert dag.get_task("export").upstream_task_ids == {"curate"}
-    assert dag.get_task("report").upstream_task_ids == {"export"}
+        assert up[t] == {"shard.caption", "plan_shards"}
+    # summary runs whatever the shards did (all_done): it reports a failed shard.
+    assert up["summary"] == rewards | {"validate", "plan_shards"}
+    assert dag.get_task("summary").trigger_rule == "all_done"
+    assert up["curate"] == {"summary"}
+    assert up["export"] == {"curate"} and up["report"] == {"export"}
     (asset,) = dag.get_task("curate").outlets
     assert asset.name == "flora_curated_mixture"
     # Every task retries transient faults (steps resume from their tables); finalize
     # only reads task states.
     retries = {t.task_id: t.retries for t in dag.tasks}
     assert retries.pop("finalize") == 0 and set(retries.values()) == {2}
-    assert dag.get_task("finalize").upstream_task_ids == {"report"}
+    assert up["finalize"] == {"report"}
     assert dag.get_task("finalize").trigger_rule == "all_done"
+    assert dag.params["shards"] == 2
     assert dag.schedule is None or str(dag.schedule) == "None"
 
 
@@ -68,6 +77,14 @@ def _events_of(df, episode_id):
     return df[df.episode_id == episode_id]
 
 
+def _values(obj):
+    """Every value nested in a JSON-like object (dicts walked, lists yielded whole)."""
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield v
+            yield from _values(v)
+
+
 def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
     airflow_home, tiny_dataset, tiny_vlm_dir, tmp_path
 ):
@@ -75,8 +92,10 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
     from airflow.dag_processing.dagbag import DagBag
     from mlflow.tracking import MlflowClient
 
+    from flora.orchestration.shards import episode_set
     from flora.settings import get_settings
     from flora.tables import TableStore
+    from flora.tracking import child_runs
 
     _, flora_home = airflow_home
     # The embedded VLM: the session's tiny checkpoint where flora.engine looks for it.
@@ -95,28 +114,53 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
 
     ti = next(t for t in dr.get_task_instances() if t.task_id == "report")
     state = ti.xcom_pull(task_ids="report")
-    assert state["dataset"] == root.name and state["episodes"] == [0, 1, 2]
-    assert state["valid_episodes"] == [0, 2] and state["invalid_episodes"] == [1]
-    assert state["validation_success"] is False
+    # Two shards (the default), one valid episode each; XCom carries references only.
+    shard_tis = sorted((t.task_id, t.map_index, str(t.state)) for t in dr.get_task_instances()
+                       if t.task_id.startswith("shard."))  # fmt: skip
+    assert [(t, m) for t, m, _ in shard_tis] == [
+        (t, m) for t in sorted(f"shard.{x}" for x in ("caption", "reward_dense", "reward_outcome",
+                                                       "reward_rubric", "segment"))
+        for m in (0, 1)
+    ]  # fmt: skip
+    assert all(st.endswith("success") for _, _, st in shard_tis)
+    int_lists = [v for v in _values(state)
+                 if isinstance(v, list) and v and all(isinstance(x, int) for x in v)]  # fmt: skip
+    assert not int_lists, f"episode lists in XCom: {int_lists}"
+    assert state["dataset"] == root.name and state["n_episodes"] == 3
+    assert (state["n_valid"], state["n_invalid"]) == (2, 1)
+    assert episode_set(state, "episodes") == [0, 1, 2]
+    assert episode_set(state, "valid") == [0, 2] and episode_set(state, "invalid") == [1]
+    assert state["validation_success"] is False and state["failed_shards"] == {}
     report = json.loads(Path(state["validation_report"]).read_text())
     assert report["issues"][0]["episode"] == 1 and report["issues"][0]["field"] == "action"
-    assert Path(state["outputs_dir"], "manifest", f"{root.name}.parquet").exists()
+    assert Path(state["manifest"]) == Path(state["outputs_dir"], "manifest", f"{root.name}.parquet")
+    assert Path(state["manifest"]).exists()
     assert Path(state["validation_report"]).parent == Path(state["outputs_dir"], "validation")
     assert str(flora_home) in state["outputs_dir"]
 
+    def full(step: str) -> dict:
+        return json.loads(Path(state[step]["report"]).read_text())
+
     ids = [f"{root.name}/{i:06d}" for i in range(3)]
     store = TableStore(state["outputs_dir"])
-    # Segment: every valid episode (kinematic baseline), never the quarantined one.
+    # Segment: every valid episode (kinematic baseline), never the quarantined one; each
+    # shard segmented its own episode.
     events = store.read("events")
     assert set(events.episode_id) == {ids[0], ids[2]}
     assert set(events.model) == {"kinematic-baseline"}
     assert set(events.run_id) == {state["mlflow_run_id"]}
     seg = state["segment"]
     assert seg["valid"] == "passed" and seg["rows"] == len(events) > 0
-    assert seg["episodes_in"] == [0, 2] and Path(seg["table_dir"]) == store.root / "events"
+    assert full("segment")["episodes_in"] == [0, 2]
+    assert Path(seg["table_dir"]) == store.root / "events"
+    steps_dir = Path(seg["report"]).parent
+    assert json.loads((steps_dir / "segment.0-of-2.json").read_text())["episodes_in"] == [0]
+    assert json.loads((steps_dir / "segment.1-of-2.json").read_text())["episodes_in"] == [2]
 
-    # VLM steps: the first valid episode only (vlm_max_episodes=1). Every event / episode
-    # ends as a validated row or as a recorded failure with its reason — nothing filled.
+    # VLM steps: the first valid episode only (vlm_max_episodes=1, applied to the whole run
+    # before sharding: shard 1 gets none). Every event / episode ends as a validated row
+    # or as a recorded failure with its reason — nothing filled.
+    assert json.loads((steps_dir / "caption.1-of-2.json").read_text())["episodes_in"] == []
     ev0 = _events_of(events, ids[0])
     caps, cap_fails = store.read("captions"), store.failures("captions")
     assert set(caps.episode_id) <= {ids[0]} and {f.episode_id for f in cap_fails} <= {ids[0]}
@@ -124,7 +168,7 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
     failed = {int(f.item.split()[1]) for f in cap_fails}
     assert captioned | failed == set(ev0.event_index) and not captioned & failed
     assert all(f.reason for f in cap_fails)
-    assert state["caption"]["episodes_in"] == [0]
+    assert full("caption")["episodes_in"] == [0]
     assert state["caption"]["n_failures"] == len(cap_fails)
     for step, table in (("outcome", "outcome"), ("dense", "dense_labels"), ("rubric", "rubric")):
         df, fails = store.read(table), store.failures(table)
@@ -135,7 +179,7 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
         assert all(f.reason and f.item for f in fails), table
         rep = state[step]
         assert rep["table"] == table and rep["n_failures"] == len(fails)
-        assert rep["rows"] == len(df) and rep["episodes_in"] == [0]
+        assert rep["rows"] == len(df) and full(step)["episodes_in"] == [0]
         if len(df):
             assert rep["valid"] == "passed" and set(df.run_id) == {state["mlflow_run_id"]}
         else:
@@ -147,27 +191,25 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
     assert set(summary) == {"events", "captions", "outcome", "dense_labels", "rubric"}
     assert summary["events"]["rows"] == len(events)
 
+    # MLflow: a parent run for the DAG run with the run's totals, a child run per task.
     s = get_settings()
     assert str(flora_home) in s.tracking_uri
     client = MlflowClient(tracking_uri=s.tracking_uri)
     run = client.get_run(state["mlflow_run_id"])
     assert run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == s.mlflow_experiment
     assert run.data.tags["dataset"] == root.name
     assert run.data.tags["orchestrator"] == "airflow"
     assert run.data.tags["airflow.run_id"] == dr.run_id
-    steps = run.data.tags["flora.steps"].split(",")
-    assert steps[:4] == ["ingest", "validate", "segment", "caption"]
-    assert sorted(steps[4:7]) == ["dense", "outcome", "rubric"]
-    assert steps[7:] == ["summary", "curate", "export", "report"]
+    assert run.data.tags["flora.git_commit"] and run.data.params["vlm_max_episodes"] == "1"
     assert run.data.tags["validation.raw"] == "failed"
     assert run.data.tags["validation.events"] == "passed"
     assert run.data.tags["step.segment.model"] == "kinematic-baseline"
     assert run.data.tags["step.caption.model"] == "transformers"
     m = run.data.metrics
-    assert m["ingest.episodes"] == 3 and m["table.manifest.rows"] == 3
-    assert m["validation.raw.success"] == 0.0 and m["validation.valid_episodes"] == 2
+    assert m["ingest.episodes"] == 3 and m["validation.valid_episodes"] == 2
     assert m["step.segment.rows"] == len(events) and m["step.segment.episodes_in"] == 2
-    assert m["table.events.rows"] == len(events) and m["validation.events.success"] == 1.0
+    assert m["table.events.rows"] == len(events) and m["shards.failed"] == 0
     assert 0.0 <= m["segment.f1_at_0.5"] <= 1.0 and m["segment.n_ref"] > 0
     assert m["segment.missing_episodes"] == 1  # the quarantined episode predicts nothing
     for step, table in (("caption", "captions"), ("outcome", "outcome"),
@@ -175,13 +217,30 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
         assert m[f"step.{step}.episodes_in"] == 1
         assert m[f"step.{step}.failures"] == len(store.failures(table))
         assert m[f"table.{table}.rows"] == state[step]["rows"]
-    arts = {a.path for a in client.list_artifacts(run.info.run_id, "validation")}
-    assert {"validation/raw.json", "validation/events.json"} <= arts
     steps_arts = {a.path for a in client.list_artifacts(run.info.run_id, "steps")}
     assert steps_arts == {f"steps/{s}.json" for s in ("segment", "caption", "outcome",
                                                       "dense", "rubric")}  # fmt: skip
-    logged = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"engine_summary.json", "report", "curation"} <= logged
+    assert "engine_summary.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    children = child_runs(run.info.run_id)
+    by_step: dict[str, list] = {}
+    for c in children:
+        assert c.info.status == "FINISHED" and c.data.tags["airflow.run_id"] == dr.run_id
+        by_step.setdefault(c.data.tags["flora.step"], []).append(c)
+    engine = ("segment", "caption", "outcome", "dense", "rubric")
+    assert {k: len(v) for k, v in by_step.items()} == {
+        "ingest": 1, "validate": 1, **dict.fromkeys(engine, 2), "curate": 1, "export": 1,
+        "report": 1}  # fmt: skip
+    for step in engine:
+        assert sorted(c.data.tags["flora.shard"] for c in by_step[step]) == ["0-of-2", "1-of-2"]
+    (ingest_run,) = by_step["ingest"]
+    assert ingest_run.data.metrics["table.manifest.rows"] == 3
+    (validate_run,) = by_step["validate"]
+    assert validate_run.data.metrics["validation.raw.success"] == 0.0
+    vid = validate_run.info.run_id
+    assert "validation/raw.json" in {a.path for a in client.list_artifacts(vid, "validation")}
+    shard0 = next(c for c in by_step["segment"] if c.data.tags["flora.shard"] == "0-of-2")
+    assert shard0.data.metrics["step.segment.episodes_in"] == 1
+    assert shard0.data.metrics["validation.events.success"] == 1.0
 
     # Curate -> export -> report. The tiny model's captions and rewards are mostly rejected,
     # so the mixture is the kinematic events of the valid episodes in the policy split,
@@ -193,20 +252,25 @@ def test_dag_run_logs_mlflow_and_quarantines_bad_episode(
     assert all(w > 0 for w in mix.weight)
     assert abs(mix.groupby("split").weight.sum() - 1).max() < 1e-9
     assert all("events" in t for t in mix.source_tables)
-    assert run.data.tags["validation.mixture"] == "passed"
+    (curate_run,) = by_step["curate"]
+    curate_run = client.get_run(curate_run.info.run_id)
+    assert curate_run.data.tags["validation.mixture"] == "passed"
     assert cur["summary"]["dvc"] == {"skipped": "no dvc_repo configured"}
-    (ds_input,) = run.inputs.dataset_inputs
+    (ds_input,) = curate_run.inputs.dataset_inputs
     assert ds_input.dataset.name == f"{root.name}-mixture"
     assert {t.key: t.value for t in ds_input.tags}["mlflow.data.context"] == "curated-mixture"
-    assert m["curate.mixture.policy.rows"] == float((mix.split == "policy").sum())
+    cm = curate_run.data.metrics
+    assert cm["curate.mixture.policy.rows"] == float((mix.split == "policy").sum())
     exp = state["export"]
     assert exp["episodes"] == 3 and Path(exp["root"], "meta", "info.json").exists()
+    assert exp["n_episodes_without_events"] == 3  # no caption passed: no language rows
     info = json.loads(Path(exp["root"], "meta", "info.json").read_text())
     assert info["features"]["language_persistent"]["dtype"] == "language"
     rep = state["report"]
     assert Path(rep["index"]).exists() and rep["episode_pages"] == 2
     assert Path(rep["root"]).is_relative_to(Path(state["outputs_dir"], "reports"))
-    arts = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+    (report_run,) = by_step["report"]
+    arts = {a.path for a in client.list_artifacts(report_run.info.run_id, "report")}
     assert "report/index.html" in arts
 
     from airflow.models.asset import AssetEvent
@@ -227,6 +291,7 @@ def test_table_failing_its_suite_stops_the_run(airflow_home, tiny_dataset, tmp_p
     from flora.segment.run import EVENT_DTYPES
     from flora.settings import get_settings
     from flora.tables import TableStore
+    from flora.tracking import child_runs
 
     home = tmp_path / "flora_home"
     monkeypatch.setenv("FLORA_HOME", str(home))
@@ -242,26 +307,37 @@ def test_table_failing_its_suite_stops_the_run(airflow_home, tiny_dataset, tmp_p
     )
     dag = DagBag(dag_folder=str(REPO / "dags")).get_dag("flora_data_engine")
     dr = dag.test(run_conf={"dataset": str(tiny_dataset)})
-    states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+    tis = dr.get_task_instances()
+    states = {(ti.task_id, ti.map_index): str(ti.state) for ti in tis}
     assert "failed" in str(dr.state).lower(), states
     get_settings.cache_clear()  # this test's FLORA_HOME must not outlive it
-    assert states["validate"].endswith("success") and states["segment"].endswith("failed")
-    # A table failing its suite fails alike on every try: one try, no retry.
-    seg_ti = next(ti for ti in dr.get_task_instances() if ti.task_id == "segment")
-    assert seg_ti.try_number == 1
-    for t in ("caption", "reward_outcome", "reward_dense", "reward_rubric", "summary",
-              "curate", "export", "report"):  # fmt: skip
-        assert states[t].endswith("upstream_failed"), states
+    assert states[("validate", -1)].endswith("success")
+    # Every shard validates the whole table after writing: each one refuses it, once (a
+    # table failing its suite fails alike on every try: no retry).
+    segs = [ti for ti in tis if ti.task_id == "shard.segment"]
+    assert sorted(ti.map_index for ti in segs) == [0, 1]
+    assert all(str(ti.state).endswith("failed") and ti.try_number == 1 for ti in segs)
+    for (t, _), st in states.items():
+        if t.startswith("shard.") and t != "shard.segment" or t in ("curate", "export", "report"):
+            assert st.endswith("upstream_failed"), (t, states)
+    # summary still ran (all_done): it reports the failed shards, then fails.
+    assert states[("summary", -1)].endswith("failed")
 
     client = MlflowClient(tracking_uri=get_settings().tracking_uri)
     exp = client.get_experiment_by_name(get_settings().mlflow_experiment)
-    (run,) = client.search_runs([exp.experiment_id])
+    (run,) = client.search_runs([exp.experiment_id], "tags.`flora.pipeline_parent` = '1'")
     assert run.info.status == "FAILED"
-    assert run.data.tags["validation.events"] == "failed"
-    assert run.data.metrics["validation.events.success"] == 0.0
+    assert run.data.tags["flora.failed_shards"] == "0-of-2,1-of-2"
+    failed = set(run.data.tags["flora.failed_tasks"].split(","))
+    assert {"shard.segment_0", "shard.segment_1", "summary"} <= failed
+    seg_runs = [c for c in child_runs(run.info.run_id) if c.data.tags["flora.step"] == "segment"]
+    assert len(seg_runs) == 2 and {c.info.status for c in seg_runs} == {"FAILED"}
+    seg = seg_runs[0]
+    assert seg.data.tags["validation.events"] == "failed"
+    assert seg.data.metrics["validation.events.success"] == 0.0
     report = json.loads(
         Path(
-            client.download_artifacts(run.info.run_id, "validation/events.json", str(tmp_path))
+            client.download_artifacts(seg.info.run_id, "validation/events.json", str(tmp_path))
         ).read_text()
     )
     assert report["failing_episodes"] == ["other/000003"]
@@ -353,45 +429,64 @@ def test_bad_input_fails_at_once_and_other_faults_retry():
     assert fail_fast_on_bad_input("segment", lambda x, y=0: x + y, 1, y=2) == 3
 
 
-def test_a_failed_branch_fails_the_run_whatever_finished_last(
+def test_a_failed_shard_is_reported_while_the_others_complete(
     airflow_home, tiny_dataset, tiny_vlm_dir, monkeypatch, tmp_path
 ):
-    """One reward branch fails, its siblings succeed: the MLflow run and the DAG run fail."""
+    """One shard's segment fails: the other shards run every step, ``summary`` records what
+    they did and names the failed shard, and the MLflow parent run and the DAG run fail."""
     from airflow.dag_processing.dagbag import DagBag
     from mlflow.tracking import MlflowClient
 
     import flora.engine
     from flora.data.episode import FloraDataError
     from flora.settings import get_settings
+    from flora.tables import TableStore
 
     flora_home = tmp_path / "flora_home"
     monkeypatch.setenv("FLORA_HOME", str(flora_home))
     get_settings.cache_clear()
     shutil.copytree(tiny_vlm_dir(), flora_home / "models" / "tiny")
-    real = flora.engine.run_reward
+    real = flora.engine.run_segment
 
-    def dense_breaks(mode, *args, **kwargs):
-        if mode == "dense":
-            raise FloraDataError("dense labels unreadable", dataset="toy_tiny", field="labels")
-        return real(mode, *args, **kwargs)
+    def episode_1_breaks(dataset_path, out_dir, episodes, *args, **kwargs):
+        if 1 in episodes:
+            raise FloraDataError("video unreadable", dataset="toy_tiny", episode=1, field="video")
+        return real(dataset_path, out_dir, episodes, *args, **kwargs)
 
-    monkeypatch.setattr(flora.engine, "run_reward", dense_breaks)
+    monkeypatch.setattr(flora.engine, "run_segment", episode_1_breaks)
     dag = DagBag(dag_folder=str(REPO / "dags")).get_dag("flora_data_engine")
-    conf = {"dataset": str(tiny_dataset), "vlm_max_episodes": 1, "max_attempts": 1,
-            "max_new_tokens": 8}  # fmt: skip
+    conf = {"dataset": str(tiny_dataset), "shards": 3, "max_attempts": 1, "max_new_tokens": 8}
     dr = dag.test(run_conf=conf)
-    states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
-    assert states["reward_dense"].endswith("failed"), states
-    assert states["reward_outcome"].endswith("success"), states
-    assert states["reward_rubric"].endswith("success"), states
-    # finalize closes the MLflow run, then fails so the DAG run shows the failure too.
-    assert states["finalize"].endswith("failed"), states
+    tis = dr.get_task_instances()
+    states = {(ti.task_id, ti.map_index): str(ti.state) for ti in tis}
+    get_settings.cache_clear()
+    heavy = ("segment", "caption", "reward_outcome", "reward_dense", "reward_rubric")
+    for k in (0, 2):  # the other shards: every step
+        for t in heavy:
+            assert states[(f"shard.{t}", k)].endswith("success"), (t, k, states)
+    assert states[("shard.segment", 1)].endswith("failed")
+    assert next(t for t in tis if t.task_id == "shard.segment" and t.map_index == 1).try_number == 1
+    for t in heavy[1:]:
+        assert states[(f"shard.{t}", 1)].endswith("upstream_failed")
+    assert states[("summary", -1)].endswith("failed")
+    for t in ("curate", "export", "report"):  # no mixture from a partial run
+        assert states[(t, -1)].endswith("upstream_failed")
+    # finalize closes the MLflow run FAILED, then fails so the DAG run shows the failure.
+    assert states[("finalize", -1)].endswith("failed")
     assert "failed" in str(dr.state).lower()
 
-    run_id = next(t for t in dr.get_task_instances() if t.task_id == "ingest").xcom_pull(
-        task_ids="ingest"
-    )["mlflow_run_id"]
+    run_id = next(t for t in tis if t.task_id == "ingest").xcom_pull(task_ids="ingest")[
+        "mlflow_run_id"
+    ]
     run = MlflowClient(tracking_uri=get_settings().tracking_uri).get_run(run_id)
     assert run.info.status == "FAILED"
-    failed = run.data.tags["flora.failed_tasks"].split(",")
-    assert "reward_dense" in failed and "reward_rubric" not in failed
+    failed = set(run.data.tags["flora.failed_tasks"].split(","))
+    assert {"shard.segment_1", "summary"} <= failed and "shard.segment_0" not in failed
+    assert run.data.tags["flora.failed_shards"] == "1-of-3"
+    # What the completed shards did is recorded: their episodes' rows and the summary.
+    out = flora_home / "outputs"
+    summary = json.loads((out / "runs" / tiny_dataset.name / f"{run_id}.json").read_text())
+    assert summary["events"]["episodes_in"] == 2 and summary["captions"]["episodes_in"] == 2
+    assert run.data.metrics["step.segment.episodes_in"] == 2
+    events = TableStore(out).read("events")
+    assert set(events.episode_id) == {f"{tiny_dataset.name}/{i:06d}" for i in (0, 2)}

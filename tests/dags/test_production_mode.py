@@ -29,11 +29,11 @@ CUDA_IMAGE = "registry.example/flora:cuda-test"
 #: DAG -> heavy task id -> the step its pod runs.
 HEAVY = {
     "flora_data_engine": {
-        "segment": "segment",
-        "caption": "caption",
-        "reward_outcome": "reward",
-        "reward_dense": "reward",
-        "reward_rubric": "reward",
+        "shard.segment": "segment",
+        "shard.caption": "caption",
+        "shard.reward_outcome": "reward",
+        "shard.reward_dense": "reward",
+        "shard.reward_rubric": "reward",
     },
     "flora_train_models": {
         **{f"{m}.{s}": s for m in ("segmenter", "captioner") for s in ("sft", "grpo", "evaluate")},
@@ -84,15 +84,18 @@ def _dagbag():
 
 
 class _TI:
-    """What the templates call: ``ti.xcom_pull`` answered from a dict of task results."""
+    """What the templates call: ``ti.xcom_pull`` answered from a dict of task results (a
+    mapped task's results: a list indexed by map index) and the instance's ``map_index``."""
 
-    def __init__(self, results: dict[str, object]):
+    def __init__(self, results: dict[str, object], map_index: int = -1):
         self.results = results
-        self.pulls: list[tuple[str, str]] = []
+        self.map_index = map_index
+        self.pulls: list[tuple[str, str, int | None]] = []
 
-    def xcom_pull(self, task_ids: str, key: str = "return_value"):
-        self.pulls.append((task_ids, key))
-        return self.results[task_ids]
+    def xcom_pull(self, task_ids: str, key: str = "return_value", map_indexes=None):
+        self.pulls.append((task_ids, key, map_indexes))
+        value = self.results[task_ids]
+        return value if map_indexes is None else value[map_indexes]
 
 
 class _NoClusterHook:
@@ -108,8 +111,10 @@ class _NoClusterHook:
         return None
 
 
-def _render_args(op, results: dict[str, object], params: dict) -> tuple[list[str], _TI]:
-    ti = _TI(results)
+def _render_args(
+    op, results: dict[str, object], params: dict, map_index: int = -1
+) -> tuple[list[str], _TI]:
+    ti = _TI(results, map_index)
     rendered = op.render_template(op.arguments, {"ti": ti, "params": params})
     return rendered, ti
 
@@ -190,11 +195,20 @@ def test_pod_inputs_render_to_the_upstream_xcom_values(airflow_home, monkeypatch
     params = {"vlm_max_episodes": 1, "max_new_tokens": 8}
     state = {"dataset_path": "/shared/data/toy", "mlflow_run_id": "r1", "note": "a'b<c>&"}
 
-    caption = bag.get_dag("flora_data_engine").get_task("caption")
-    args, ti = _render_args(caption, {"segment": state}, params)
-    assert json.loads(args[2]) == {"state": state, "params": params}
-    assert ti.pulls == [("segment", "return_value")]
-    assert caption.upstream_task_ids == {"segment"}
+    # A shard's pod: its own segment's result (same map index) and its own shard.
+    engine = bag.get_dag("flora_data_engine")
+    plan = [{"index": 0, "count": 2}, {"index": 1, "count": 2}]
+    caption = engine.get_task("shard.caption")
+    seg_results = [{**state, "shard": plan[0]}, {**state, "shard": plan[1]}]
+    args, ti = _render_args(caption, {"shard.segment": seg_results, "plan_shards": plan},
+                            params, map_index=1)  # fmt: skip
+    assert json.loads(args[2]) == {"state": seg_results[1], "shard": plan[1], "params": params}
+    assert ti.pulls == [("shard.segment", "return_value", 1), ("plan_shards", "return_value", None)]
+    assert caption.upstream_task_ids == {"shard.segment", "plan_shards"}
+    segment = engine.get_task("shard.segment")
+    args, ti = _render_args(segment, {"validate": state, "plan_shards": plan}, {}, map_index=0)
+    assert json.loads(args[2]) == {"state": state, "shard": plan[0]}
+    assert ti.pulls[0] == ("validate", "return_value", None)  # not mapped: its one value
 
     built, trained = {"set": "/shared/flora/set"}, {"model_dir": "/shared/flora/m"}
     grpo = bag.get_dag("flora_train_models").get_task("captioner.grpo")
@@ -249,6 +263,15 @@ def test_a_path_off_the_shared_volume_is_refused_in_production(
     )
 
 
+def _engine_state(dataset: Path, out: Path, run_id: str, valid: list[int]) -> dict:
+    """A data-engine state as ``validate`` hands it on: the valid episodes by reference."""
+    from flora.orchestration.shards import write_episode_sets
+
+    state = {"dataset": dataset.name, "dataset_path": str(dataset), "outputs_dir": str(out),
+             "mlflow_run_id": run_id}  # fmt: skip
+    return {**state, "episode_sets": write_episode_sets(state, valid=valid)}
+
+
 def _validated_state(dataset: Path, home: Path) -> dict:
     """The state ``ingest`` + ``validate`` hand to ``segment`` (same functions)."""
     from flora.engine import ingest_tracked
@@ -258,19 +281,15 @@ def _validated_state(dataset: Path, home: Path) -> dict:
     result, run_id = ingest_tracked(dataset, out / "manifest" / f"{dataset.name}.parquet",
                                     tags={"dataset": dataset.name}, run_name="t")  # fmt: skip
     report = validate_dataset(dataset, progress=False)
-    return {
-        "dataset": dataset.name,
-        "dataset_path": str(dataset),
-        "outputs_dir": str(out),
-        "mlflow_run_id": run_id,
-        "valid_episodes": [i for i in report.valid_episodes if i in set(result.ok_indices())],
-    }
+    valid = [i for i in report.valid_episodes if i in set(result.ok_indices())]
+    return _engine_state(dataset, out, run_id, valid)
 
 
 def test_pod_command_runs_the_step_as_the_task_does(
     airflow_home, monkeypatch, settings_reset, tiny_dataset, tmp_path
 ):
     """The production DAG's segment command, rendered and run here, equals the @task's step."""
+    from flora.orchestration.shards import episode_set
     from flora.orchestration.steps import run_step
     from flora.settings import get_settings
 
@@ -283,12 +302,13 @@ def test_pod_command_runs_the_step_as_the_task_does(
     monkeypatch.setenv("FLORA_HOME", str(pod_home))
     get_settings.cache_clear()
     state = _validated_state(dataset, pod_home)
-    assert state["valid_episodes"] == [0, 1, 2]
+    assert episode_set(state, "valid") == [0, 1, 2]
 
     _production_env(monkeypatch, home=str(pod_home))
     monkeypatch.setenv("FLORA_SHARED_MOUNT", str(shared))
-    op = _dagbag().get_dag("flora_data_engine").get_task("segment")
-    args, _ = _render_args(op, {"validate": state}, {})
+    op = _dagbag().get_dag("flora_data_engine").get_task("shard.segment")
+    plan = [{"index": 0, "count": 1}]  # one shard: all three episodes
+    args, _ = _render_args(op, {"validate": state, "plan_shards": plan}, {}, map_index=0)
     xcom = tmp_path / "xcom" / "return.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLORA_MODE": "production"}
     proc = subprocess.run(
@@ -300,17 +320,18 @@ def test_pod_command_runs_the_step_as_the_task_does(
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == pushed
     rep = pushed["segment"]
     assert {k: pushed[k] for k in state} == state  # the state passes through
+    assert pushed["shard"] == plan[0]
     assert rep["table_dir"].startswith(str(pod_home))
     assert rep["rows"] > 0 and rep["n_failures"] == 0 and rep["valid"] == "passed"
+    assert json.loads(Path(rep["report"]).read_text())["episodes_in"] == [0, 1, 2]
 
     # The in-process @task path: the same function on the same inputs, another store.
     monkeypatch.setenv("FLORA_MODE", "embedded")
     monkeypatch.setenv("FLORA_HOME", str(local_home))
     get_settings.cache_clear()
     local_state = _validated_state(dataset, local_home)
-    local = run_step("segment", {"state": local_state})["segment"]
+    local = run_step("segment", {"state": local_state, "shard": plan[0]})["segment"]
     assert (local["rows"], local["n_failures"]) == (rep["rows"], rep["n_failures"])
-    assert local["metrics"] == rep["metrics"]
     cols = ["episode_id", "start_us", "end_us", "caption"]
     pod_events = pd.read_parquet(rep["table_dir"])[cols].sort_values(cols[:3])
     local_events = pd.read_parquet(local["table_dir"])[cols].sort_values(cols[:3])
@@ -360,8 +381,7 @@ def test_a_step_killed_mid_way_and_retried_leaves_the_table_exact(
         result, run_id = ingest_tracked(dataset, out / "manifest" / "toy12.parquet",
                                         tags={"dataset": "toy12"}, run_name="t")  # fmt: skip
         assert result.ok_indices() == list(range(12))
-        return {"dataset": "toy12", "dataset_path": str(dataset), "outputs_dir": str(out),
-                "mlflow_run_id": run_id, "valid_episodes": list(range(12))}  # fmt: skip
+        return _engine_state(dataset, out, run_id, list(range(12)))
 
     def command(state: dict) -> list[str]:
         return [sys.executable, "-m", "flora.orchestration.pod", "segment",
@@ -395,7 +415,8 @@ def test_a_step_killed_mid_way_and_retried_leaves_the_table_exact(
     retry = subprocess.run(command(killed), env=env, capture_output=True, text=True,
                            timeout=600, cwd=tmp_path)  # fmt: skip
     assert retry.returncode == 0, retry.stderr[-3000:]
-    rep = json.loads(retry.stdout.strip().splitlines()[-1])["segment"]
+    handed = json.loads(retry.stdout.strip().splitlines()[-1])["segment"]
+    rep = json.loads(Path(handed["report"]).read_text())
     assert rep["episodes_in"] == list(range(12)) and rep["n_failures"] == 0
     assert rep["skipped"] == finished  # committed episodes are not redone, the rest are
 

@@ -127,8 +127,11 @@ def test_trigger_data_engine_over_rest_v2(airflow_services, tiny_dataset):
             pytest.fail((base / "scheduler.log").read_text()[-3000:])
         time.sleep(5)
     tis = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-    states = {t["task_id"]: t["state"] for t in tis}
+    states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
     assert state == "success", (states, (base / "scheduler.log").read_text()[-3000:])
-    assert states["ingest"] == "success" and states["segment"] == "success"
+    assert states[("ingest", -1)] == "success"
+    # The engine steps ran once per episode shard (dynamic task mapping, 2 by default).
+    assert {m for t, m in states if t == "shard.segment"} == {0, 1}
+    assert all(st == "success" for (t, _), st in states.items() if t.startswith("shard."))
     events = list((flora_home / "outputs" / "events").glob("*.parquet"))
     assert len(events) == 3  # one part per episode of the tiny dataset
