@@ -1,19 +1,22 @@
 """KFP v2 lightweight components for the data-engine steps.
 
-``ingest_op``, ``validate_op``, ``segment_op``, ``caption_op``, ``reward_op`` (one per
-rewarder mode: outcome, dense, rubric), ``summary_op``, ``curate_op``, ``export_op`` and
-``report_op``. Each component body is a thin adapter over the same ``flora`` function the
-Airflow task calls (``flora.data.ingest.ingest_dataset``,
+``open_run_op``, ``ingest_op``, ``validate_op``, ``plan_op``, then per shard ``segment_op``,
+``caption_op``, ``reward_op`` (one per rewarder mode: outcome, dense, rubric), then
+``summary_op`` (merges the shards), ``curate_op``, ``export_op``, ``report_op``, and the
+exit handler ``finalize_op``. Each component body is a thin adapter over the same
+``flora`` function the Airflow task calls (``flora.data.ingest.ingest_dataset``,
 ``flora.validation.raw.validate_dataset``, ``flora.engine.run_segment`` / ``run_caption`` /
-``run_reward`` / ``engine_summary``, ``flora.curate.steps.curate_step`` / ``export_step`` /
-``report_step``) and logs to the same MLflow run (reopened by id).
+``run_reward`` / ``summarize_kfp_shards``, ``flora.curate.steps.curate_step`` /
+``export_step`` / ``report_step``) and logs to its own child run of the pipeline run's
+MLflow parent run (``flora.engine.start_kfp_run`` / ``finish_kfp_run``).
 
 Tables travel as ``Dataset`` artifacts: each engine component uses its output artifact's
 path as the ``TableStore`` root, so the table is ``<artifact>/<table>/`` (Parquet parts
-plus ``_failures/``); the caption component reads the segment artifact's ``events/``;
-``curate_op`` reads every table from its artifact (``{table: artifact}``) and writes the
-decisions and the curated mixture into its ``mixture`` artifact (``curation/``,
-``curated/<dataset>/mixture.parquet``), which ``export_op`` and ``report_op`` read.
+plus ``_failures/``); the caption component reads its shard's segment artifact;
+``summary_op`` merges the shards' artifacts into one per table; ``curate_op`` reads every
+merged table (``{table: artifact}``) and writes the decisions and the curated mixture into
+its ``mixture`` artifact (``curation/``, ``curated/<dataset>/mixture.parquet``), which
+``export_op`` and ``report_op`` read.
 On a cluster the artifacts live in the pipeline root (object storage); ``kfp.local``
 keeps them under its ``pipeline_root``. KFP serialises the function source into the pipeline
 spec, so everything a body uses is imported inside it, from the ``flora`` package
@@ -38,14 +41,35 @@ FLORA_IMAGE = os.environ.get("FLORA_IMAGE", "ghcr.io/flora-robotics/flora:cpu")
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def open_run_op(
+    dataset_path: str,
+    job_id: str,
+    shards: int,
+    strict: bool = False,
+    vlm_max_episodes: int = 0,
+    max_attempts: int = 3,
+    max_new_tokens: int = 0,
+    rubric: str = "",
+    curation_rules: str = "",
+    dvc_repo: str = "",
+) -> str:
+    """Open the run's MLflow parent run (params logged, tagged with the KFP job id)."""
+    from flora.engine import start_kfp_run
+
+    params = {"dataset": dataset_path, "shards": shards, "strict": strict,
+              "vlm_max_episodes": vlm_max_episodes, "max_attempts": max_attempts,
+              "max_new_tokens": max_new_tokens, "rubric": rubric,
+              "curation_rules": curation_rules, "dvc_repo": dvc_repo}  # fmt: skip
+    return start_kfp_run(dataset_path, job_id, params)
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
 def ingest_op(
     dataset_path: str,
+    mlflow_run_id: str,
     manifest: Output[Dataset],
-    run_name: str = "",
-) -> NamedTuple(
-    "Outputs", [("dataset", str), ("mlflow_run_id", str), ("episodes", int), ("ingested", int)]
-):
-    """Check every episode of the dataset, write the manifest, open the MLflow run."""
+) -> NamedTuple("Outputs", [("dataset", str), ("episodes", int), ("ingested", int)]):
+    """Check every episode of the dataset and write the manifest (a child MLflow run)."""
     from collections import namedtuple
     from pathlib import Path
 
@@ -53,11 +77,11 @@ def ingest_op(
 
     path = Path(dataset_path).resolve()
     tags = {"dataset": path.name, "dataset_path": str(path), "orchestrator": "kfp"}
-    result, run_id = ingest_tracked(path, manifest.path, tags=tags,
-                                    run_name=run_name or f"kfp/{path.name}")  # fmt: skip
+    result, _ = ingest_tracked(path, manifest.path, tags=tags, run_name="ingest",
+                               run_id=mlflow_run_id)  # fmt: skip
     manifest.metadata.update({"dataset": result.dataset.name, "episodes": len(result.manifest)})
-    out = namedtuple("Outputs", ["dataset", "mlflow_run_id", "episodes", "ingested"])
-    return out(result.dataset.name, run_id, len(result.manifest), result.n_ok)
+    out = namedtuple("Outputs", ["dataset", "episodes", "ingested"])
+    return out(result.dataset.name, len(result.manifest), result.n_ok)
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
@@ -98,20 +122,35 @@ def validate_op(
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def plan_op(valid_episodes: list, shards: int, vlm_max_episodes: int = 0) -> list:
+    """The shards the engine steps fan out over, each with its episodes: ``episodes``
+    (segment) and ``vlm_episodes`` (caption, rewards; the bound applies to the whole run).
+    ``flora.orchestration.shards.plan_shards_with_episodes``."""
+    from flora.engine import StepOptions
+    from flora.orchestration.shards import plan_shards_with_episodes
+
+    opts = StepOptions.from_mapping({"vlm_max_episodes": vlm_max_episodes})
+    return plan_shards_with_episodes(valid_episodes, shards, opts)
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
 def segment_op(
     dataset_path: str,
     mlflow_run_id: str,
-    valid_episodes: list,
+    shard: dict,
     events: Output[Dataset],
     metrics: Output[Metrics],
 ) -> NamedTuple("Outputs", [("rows", int), ("failures", int), ("report", dict)]):
-    """Segment the valid episodes (backend from FLORA_BACKEND; kinematic by default)."""
+    """Segment the shard's episodes (backend from FLORA_BACKEND; kinematic by
+    default); ``summary_op`` scores the whole run's events."""
     from collections import namedtuple
 
     from flora.engine import publish_kfp, run_segment, tracked
+    from flora.orchestration.shards import shard_tags
 
     rep = tracked("segment", mlflow_run_id, run_segment, dataset_path, events.path,
-                  valid_episodes, mlflow_run_id)  # fmt: skip
+                  shard["episodes"], mlflow_run_id, evaluate=False,
+                  run_tags=shard_tags(shard))  # fmt: skip
     out = namedtuple("Outputs", ["rows", "failures", "report"])
     return out(*publish_kfp(rep, metrics, events))
 
@@ -120,7 +159,7 @@ def segment_op(
 def caption_op(
     dataset_path: str,
     mlflow_run_id: str,
-    valid_episodes: list,
+    shard: dict,
     events: Input[Dataset],
     captions: Output[Dataset],
     metrics: Output[Metrics],
@@ -128,17 +167,20 @@ def caption_op(
     max_attempts: int = 3,
     max_new_tokens: int = 0,
 ) -> NamedTuple("Outputs", [("rows", int), ("failures", int), ("report", dict)]):
-    """Caption the events (backend: FLORA_BACKEND, else the tiny model). 0 = default."""
+    """Caption the shard's events (backend: FLORA_BACKEND, else the tiny model).
+    0 = default."""
     from collections import namedtuple
 
     from flora.engine import StepOptions, publish_kfp, run_caption, tracked
+    from flora.orchestration.shards import shard_tags
 
     opts = StepOptions.from_mapping(
         {"vlm_max_episodes": vlm_max_episodes, "max_attempts": max_attempts,
          "max_new_tokens": max_new_tokens}
     )  # fmt: skip
     rep = tracked("caption", mlflow_run_id, run_caption, dataset_path, events.path,
-                  captions.path, valid_episodes, mlflow_run_id, options=opts)  # fmt: skip
+                  captions.path, shard["vlm_episodes"],
+                  mlflow_run_id, options=opts, run_tags=shard_tags(shard))  # fmt: skip
     out = namedtuple("Outputs", ["rows", "failures", "report"])
     return out(*publish_kfp(rep, metrics, captions))
 
@@ -148,7 +190,7 @@ def reward_op(
     mode: str,
     dataset_path: str,
     mlflow_run_id: str,
-    valid_episodes: list,
+    shard: dict,
     table: Output[Dataset],
     metrics: Output[Metrics],
     vlm_max_episodes: int = 0,
@@ -156,17 +198,20 @@ def reward_op(
     max_new_tokens: int = 0,
     rubric: str = "",
 ) -> NamedTuple("Outputs", [("rows", int), ("failures", int), ("report", dict)]):
-    """One rewarder mode (outcome | dense | rubric) into its table. 0/"" = default."""
+    """One rewarder mode (outcome | dense | rubric) on the shard's episodes into its
+    table. 0/"" = default."""
     from collections import namedtuple
 
     from flora.engine import StepOptions, publish_kfp, run_reward, tracked
+    from flora.orchestration.shards import shard_tags
 
     opts = StepOptions.from_mapping(
         {"vlm_max_episodes": vlm_max_episodes, "max_attempts": max_attempts,
          "max_new_tokens": max_new_tokens, "rubric": rubric}
     )  # fmt: skip
     rep = tracked(mode, mlflow_run_id, run_reward, mode, dataset_path, table.path,
-                  valid_episodes, mlflow_run_id, options=opts)  # fmt: skip
+                  shard["vlm_episodes"], mlflow_run_id,
+                  options=opts, run_tags=shard_tags(shard))  # fmt: skip
     out = namedtuple("Outputs", ["rows", "failures", "report"])
     return out(*publish_kfp(rep, metrics, table))
 
@@ -174,26 +219,49 @@ def reward_op(
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
 def summary_op(
     mlflow_run_id: str,
-    segment: dict,
-    caption: dict,
-    outcome: dict,
-    dense: dict,
-    rubric: dict,
+    dataset_path: str,
+    valid_episodes: list,
+    segment_reports: list[dict],
+    caption_reports: list[dict],
+    outcome_reports: list[dict],
+    dense_reports: list[dict],
+    rubric_reports: list[dict],
+    events_shards: Input[list[Dataset]],
+    captions_shards: Input[list[Dataset]],
+    outcome_shards: Input[list[Dataset]],
+    dense_shards: Input[list[Dataset]],
+    rubric_shards: Input[list[Dataset]],
+    events: Output[Dataset],
+    captions: Output[Dataset],
+    outcome: Output[Dataset],
+    dense: Output[Dataset],
+    rubric: Output[Dataset],
     summary: Output[Artifact],
 ) -> dict:
-    """One summary per table (rows, failures, location, validity), logged to MLflow."""
+    """Merge the shards' tables into one artifact per table, summarise them (rows,
+    failures, location, validity) and log the run's totals to the MLflow parent run."""
     import json
 
-    import mlflow
+    from flora.engine import STEP_TABLES, summarize_kfp_shards
 
-    from flora.engine import engine_summary
-    from flora.tracking import mlflow_run
-
-    tables = engine_summary([segment, caption, outcome, dense, rubric])
+    reports = {"segment": segment_reports, "caption": caption_reports,
+               "outcome": outcome_reports, "dense": dense_reports,
+               "rubric": rubric_reports}  # fmt: skip
+    shards = {"segment": events_shards, "caption": captions_shards,
+              "outcome": outcome_shards, "dense": dense_shards,
+              "rubric": rubric_shards}  # fmt: skip
+    outs = {"segment": events, "caption": captions, "outcome": outcome, "dense": dense,
+            "rubric": rubric}  # fmt: skip
+    tables = summarize_kfp_shards(
+        mlflow_run_id, dataset_path, valid_episodes, reports,
+        {k: [a.path for a in v] for k, v in shards.items()},
+        {k: a.path for k, a in outs.items()},
+    )  # fmt: skip
+    for key, art in outs.items():
+        table = STEP_TABLES[key]
+        art.metadata.update({"table": table, "rows": tables.get(table, {}).get("rows", 0)})
     with open(summary.path, "w") as fh:
         json.dump(tables, fh, indent=1)
-    with mlflow_run("summary", run_id=mlflow_run_id):
-        mlflow.log_dict(tables, "engine_summary.json")
     return tables
 
 
@@ -273,3 +341,11 @@ def report_op(
     return report_step(dataset_path, tables, report.path, mlflow_run_id,
                        mixture=curate["mixture_path"], episodes=valid_episodes,
                        extra={"export_root": export.get("root", "")})  # fmt: skip
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def finalize_op(job_id: str, status: dsl.PipelineTaskFinalStatus) -> None:
+    """Exit handler: close the MLflow parent run, FAILED when any task failed."""
+    from flora.engine import finish_kfp_run
+
+    finish_kfp_run(job_id, status.state, status.error_message or "")

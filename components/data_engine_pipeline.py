@@ -1,16 +1,18 @@
-"""KFP v2 pipeline ``flora-data-engine``: ingest -> validate -> segment -> caption -> rewards
--> summary -> curate -> export -> report.
+"""KFP v2 pipeline ``flora-data-engine``: ingest -> validate -> plan -> [per shard: segment
+-> caption -> rewards] -> summary -> curate -> export -> report, under an exit handler.
 
 Compile: ``python -m components.data_engine_pipeline`` writes
 ``components/data_engine_pipeline.yaml`` (the spec a Kubeflow cluster runs). Locally it
 runs with ``kfp.local`` (SubprocessRunner, no containers): see
 ``tests/components/test_data_engine_pipeline.py``.
 
-Same steps and order as the Airflow DAG ``flora_data_engine``; the three rewarder modes
-run after captioning, in parallel on a cluster, and ``summary_op`` joins them; then
-``curate_op`` (curated mixture artifact), ``export_op`` (LeRobot export artifact) and
-``report_op`` (HTML reports artifact). The pipeline returns the per-table summary (rows,
-failures, location, validity).
+Same steps and order as the Airflow DAG ``flora_data_engine``, and the same shards: the
+engine steps fan out with ``dsl.ParallelFor`` over ``plan_op``'s shards, the three
+rewarder modes after captioning in parallel; ``summary_op`` collects every shard's tables
+(``dsl.Collected``) and merges them into one artifact per table for ``curate_op``,
+``export_op`` and ``report_op``. MLflow: ``open_run_op`` opens the parent run, every task
+a child run, and the exit handler ``finalize_op`` closes the parent FAILED when anything
+failed (``docs/orchestration.md`` §3).
 
 On a cluster every task mounts the shared PVC and takes its environment from the
 pipeline-env ConfigMap and the object-store Secret; segment, caption and the rewards run
@@ -25,7 +27,10 @@ from components.data_engine import (
     caption_op,
     curate_op,
     export_op,
+    finalize_op,
     ingest_op,
+    open_run_op,
+    plan_op,
     report_op,
     reward_op,
     segment_op,
@@ -33,6 +38,7 @@ from components.data_engine import (
     validate_op,
 )
 from components.platform import on_cluster
+from flora.engine import REWARD_MODES
 
 PIPELINE_YAML = Path(__file__).with_suffix(".yaml")
 #: Limits of the light steps (kept in the compiled YAML; ``kfp.local`` ignores them). The
@@ -49,6 +55,7 @@ CPU_TASK = {"cpu": "2", "memory": "4G"}
 )
 def data_engine_pipeline(
     dataset_path: str,
+    shards: int = 2,
     strict: bool = False,
     vlm_max_episodes: int = 0,
     max_attempts: int = 3,
@@ -56,102 +63,109 @@ def data_engine_pipeline(
     rubric: str = "",
     curation_rules: str = "",
     dvc_repo: str = "",
-) -> dict:
-    """Returns one summary per table (``flora.engine.engine_summary``).
+):
+    """The data engine over ``shards`` episode shards (``shards[k]`` takes the sorted valid
+    episodes ``[k::shards]``). The per-table summary is the ``summary_op`` artifact and
+    the MLflow parent run's ``engine_summary.json`` (a pipeline inside an exit handler
+    cannot return it).
 
     ``vlm_max_episodes`` / ``max_new_tokens``: 0 means all episodes / each step's default
     budget; ``rubric``: empty means the dataset's ground-truth family rubrics if present;
     ``curation_rules``: empty means the default rules; ``dvc_repo``: empty means the
     mixture is not DVC-versioned.
     """
-    ingest = on_cluster(ingest_op(dataset_path=dataset_path), resources=CPU_TASK)
-    validate = on_cluster(
-        validate_op(
-            dataset_path=dataset_path,
-            mlflow_run_id=ingest.outputs["mlflow_run_id"],
-            manifest=ingest.outputs["manifest"],
-            strict=strict,
-        ),
-        resources=CPU_TASK,
-    )
-    run_id = ingest.outputs["mlflow_run_id"]
-    valid = validate.outputs["valid_episodes"]
-    segment = on_cluster(
-        segment_op(dataset_path=dataset_path, mlflow_run_id=run_id, valid_episodes=valid),
-        gpu=True,
-    )
+    job_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     vlm = {
         "vlm_max_episodes": vlm_max_episodes,
         "max_attempts": max_attempts,
         "max_new_tokens": max_new_tokens,
     }
-    caption = on_cluster(
-        caption_op(
-            dataset_path=dataset_path,
-            mlflow_run_id=run_id,
-            valid_episodes=valid,
-            events=segment.outputs["events"],
-            **vlm,
-        ),
-        gpu=True,
-    )
-    rewards = {}
-    for mode in ("outcome", "dense", "rubric"):
-        t = reward_op(
-            mode=mode,
-            dataset_path=dataset_path,
-            mlflow_run_id=run_id,
-            valid_episodes=valid,
-            rubric=rubric,
-            **vlm,
+    opened = open_run_op(
+        dataset_path=dataset_path, job_id=job_id, shards=shards, strict=strict, rubric=rubric,
+        curation_rules=curation_rules, dvc_repo=dvc_repo, **vlm,
+    )  # fmt: skip
+    on_cluster(opened, resources=CPU_TASK)
+    run_id = opened.output
+    # The exit handler closes the MLflow parent run whatever happens inside: FAILED when
+    # any task failed (KFP's final state of the group, and every child run's status).
+    finalize = on_cluster(finalize_op(job_id=job_id), resources=CPU_TASK)
+    with dsl.ExitHandler(finalize, name="data-engine"):
+        ingest = on_cluster(
+            ingest_op(dataset_path=dataset_path, mlflow_run_id=run_id), resources=CPU_TASK
         )
-        t.set_display_name(f"reward-{mode}")
-        rewards[mode] = on_cluster(t, gpu=True).after(caption)
-    summary = summary_op(
-        mlflow_run_id=run_id,
-        segment=segment.outputs["report"],
-        caption=caption.outputs["report"],
-        outcome=rewards["outcome"].outputs["report"],
-        dense=rewards["dense"].outputs["report"],
-        rubric=rewards["rubric"].outputs["report"],
-    )
-    on_cluster(summary, resources=CPU_TASK)
-    tables = {
-        "events": segment.outputs["events"],
-        "captions": caption.outputs["captions"],
-        "outcome": rewards["outcome"].outputs["table"],
-        "dense": rewards["dense"].outputs["table"],
-        "rubric": rewards["rubric"].outputs["table"],
-    }
-    curate = curate_op(
-        dataset_path=dataset_path,
-        mlflow_run_id=run_id,
-        valid_episodes=valid,
-        curation_rules=curation_rules,
-        dvc_repo=dvc_repo,
-        **tables,
-    )
-    on_cluster(curate, resources=CPU_TASK).after(summary)
-    mixture = curate.outputs["mixture"]
-    export = export_op(
-        dataset_path=dataset_path,
-        mlflow_run_id=run_id,
-        curate=curate.outputs["Output"],
-        mixture=mixture,
-        **tables,
-    )
-    on_cluster(export, resources=CPU_TASK)
-    report = report_op(
-        dataset_path=dataset_path,
-        mlflow_run_id=run_id,
-        valid_episodes=valid,
-        curate=curate.outputs["Output"],
-        export=export.outputs["Output"],
-        mixture=mixture,
-        **tables,
-    )
-    on_cluster(report, resources=CPU_TASK)
-    return summary.outputs["Output"]
+        validate = on_cluster(
+            validate_op(
+                dataset_path=dataset_path,
+                mlflow_run_id=run_id,
+                manifest=ingest.outputs["manifest"],
+                strict=strict,
+            ),
+            resources=CPU_TASK,
+        )
+        valid = validate.outputs["valid_episodes"]
+        plan = plan_op(valid_episodes=valid, shards=shards, vlm_max_episodes=vlm_max_episodes)
+        on_cluster(plan, resources=CPU_TASK)
+        # Each iteration takes its episodes from its shard (the loop item), never from
+        # another task's output: kfp.local (2.17) hands a loop body the loop item in place
+        # of every task-output parameter it gets.
+        with dsl.ParallelFor(plan.output, name="shard") as shard:
+            common = {"dataset_path": dataset_path, "mlflow_run_id": run_id, "shard": shard}
+            segment = on_cluster(segment_op(**common), gpu=True)
+            caption = on_cluster(
+                caption_op(events=segment.outputs["events"], **common, **vlm), gpu=True
+            )
+            rewards = {}
+            for mode in REWARD_MODES:
+                t = reward_op(mode=mode, rubric=rubric, **common, **vlm)
+                t.set_display_name(f"reward-{mode}")
+                rewards[mode] = on_cluster(t, gpu=True).after(caption)
+        collected = {"segment": segment.outputs, "caption": caption.outputs} | {
+            m: rewards[m].outputs for m in REWARD_MODES}  # fmt: skip
+        summary = summary_op(
+            mlflow_run_id=run_id,
+            dataset_path=dataset_path,
+            valid_episodes=valid,
+            events_shards=dsl.Collected(segment.outputs["events"]),
+            captions_shards=dsl.Collected(caption.outputs["captions"]),
+            **{f"{m}_shards": dsl.Collected(rewards[m].outputs["table"]) for m in REWARD_MODES},
+            **{f"{k}_reports": dsl.Collected(o["report"]) for k, o in collected.items()},
+        )
+        on_cluster(summary, resources=CPU_TASK)
+        tables = {
+            "events": summary.outputs["events"],
+            "captions": summary.outputs["captions"],
+            "outcome": summary.outputs["outcome"],
+            "dense": summary.outputs["dense"],
+            "rubric": summary.outputs["rubric"],
+        }
+        curate = curate_op(
+            dataset_path=dataset_path,
+            mlflow_run_id=run_id,
+            valid_episodes=valid,
+            curation_rules=curation_rules,
+            dvc_repo=dvc_repo,
+            **tables,
+        )
+        on_cluster(curate, resources=CPU_TASK)
+        mixture = curate.outputs["mixture"]
+        export = export_op(
+            dataset_path=dataset_path,
+            mlflow_run_id=run_id,
+            curate=curate.outputs["Output"],
+            mixture=mixture,
+            **tables,
+        )
+        on_cluster(export, resources=CPU_TASK)
+        report = report_op(
+            dataset_path=dataset_path,
+            mlflow_run_id=run_id,
+            valid_episodes=valid,
+            curate=curate.outputs["Output"],
+            export=export.outputs["Output"],
+            mixture=mixture,
+            **tables,
+        )
+        on_cluster(report, resources=CPU_TASK)
 
 
 def compile_pipeline(path: str | Path = PIPELINE_YAML) -> Path:

@@ -589,6 +589,38 @@ def engine_summary(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def merge_step_reports(reports: dict[str, Sequence[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per step (pipeline order), its shards' report dicts merged (:func:`merge_reports`);
+    steps without any report are left out."""
+    return {key: merge_reports(reports[key]) for key in STEP_TABLES if reports.get(key)}
+
+
+def log_run_totals(
+    run_id: str,
+    merged: dict[str, dict[str, Any]],
+    tables: dict[str, Any],
+    *,
+    metrics: dict[str, float] | None = None,
+    tags: dict[str, str] | None = None,
+) -> None:
+    """Log a data-engine run's totals to its MLflow parent run: each merged step report's
+    counts, metrics, table size, suite state and model, plus ``metrics`` / ``tags``; the
+    per-table summary and the merged reports as JSON artifacts."""
+    from flora.tracking import log_to_run
+
+    metrics, tags = dict(metrics or {}), dict(tags or {})
+    for rep in merged.values():
+        metrics |= report_counts(rep) | rep["metrics"]
+        metrics |= {f"table.{rep['table']}.rows": rep["rows"],
+                    f"table.{rep['table']}.episodes": rep["episodes_with_rows"]}  # fmt: skip
+        tags |= {f"validation.{rep['table']}": rep["valid"],
+                 f"step.{rep['step']}.model": rep["model"],
+                 f"step.{rep['step']}.model_version": rep["model_version"]}  # fmt: skip
+    artifacts = {"engine_summary.json": tables} | {
+        f"steps/{key}.json": rep for key, rep in merged.items()}  # fmt: skip
+    log_to_run(run_id, metrics=metrics, tags=tags, dicts=artifacts)
+
+
 def summarize_shards(
     state: dict[str, Any],
     shards: Sequence[dict[str, int]],
@@ -606,16 +638,11 @@ def summarize_shards(
     """
     from flora.orchestration.shards import episode_set, run_dir, unfinished_shards
     from flora.orchestration.steps import REFERENCE_KEYS
-    from flora.tracking import log_to_run
 
     done = {key: [h for h in handoffs.get(key) or [] if h] for key in STEP_TABLES}
     failed = unfinished_shards(shards, handoffs)
-    merged: dict[str, dict[str, Any]] = {}
-    for key in STEP_TABLES:
-        refs = done[key]
-        if refs:
-            merged[key] = merge_reports([json.loads(Path(r[key]["report"]).read_text())
-                                         for r in refs])  # fmt: skip
+    merged = merge_step_reports({key: [json.loads(Path(r[key]["report"]).read_text())
+                                       for r in refs] for key, refs in done.items()})  # fmt: skip
     if "segment" in merged:
         merged["segment"]["metrics"] = segment_metrics(
             state["dataset_path"], state["outputs_dir"], episode_set(state, "valid")
@@ -635,16 +662,7 @@ def summarize_shards(
                "shards.failed": len(failed)}  # fmt: skip
     tags = {"validation.raw": "passed" if state["validation_success"] else "failed",
             "flora.failed_shards": ",".join(sorted(failed))}  # fmt: skip
-    for rep in merged.values():
-        metrics |= report_counts(rep) | rep["metrics"]
-        metrics |= {f"table.{rep['table']}.rows": rep["rows"],
-                    f"table.{rep['table']}.episodes": rep["episodes_with_rows"]}  # fmt: skip
-        tags |= {f"validation.{rep['table']}": rep["valid"],
-                 f"step.{rep['step']}.model": rep["model"],
-                 f"step.{rep['step']}.model_version": rep["model_version"]}  # fmt: skip
-    artifacts = {"engine_summary.json": tables} | {
-        f"steps/{key}.json": rep for key, rep in merged.items()}  # fmt: skip
-    log_to_run(state["mlflow_run_id"], metrics=metrics, tags=tags, dicts=artifacts)
+    log_run_totals(state["mlflow_run_id"], merged, tables, metrics=metrics, tags=tags)
     return {**state, **handed, "tables": tables, "summary_path": str(summary_path),
             "failed_shards": failed}  # fmt: skip
 
@@ -704,6 +722,92 @@ def tracked(
     return rep
 
 
+#: Tag tying a KFP pipeline run's MLflow parent run to its KFP job: the exit handler
+#: (``finalize_op``) may not take another task's output, only the job id placeholder.
+KFP_JOB_TAG = "kfp.job_id"
+
+
+def start_kfp_run(dataset_path: str | Path, job_id: str, params: dict[str, Any]) -> str:
+    """Open the MLflow parent run of one KFP data-engine run (tagged with its job id);
+    every component's step then logs to its own child run. Returns the parent's id."""
+    from flora.tracking import start_pipeline_run
+
+    path = Path(dataset_path).resolve()
+    tags = {"orchestrator": "kfp", KFP_JOB_TAG: job_id, "dataset": path.name,
+            "dataset_path": str(path)}  # fmt: skip
+    return start_pipeline_run("data-engine", tags=tags, params=params,
+                              experiment=get_settings().mlflow_experiment,
+                              run_name=f"kfp/{path.name}")  # fmt: skip
+
+
+def finish_kfp_run(job_id: str, state: str, error: str = "") -> str:
+    """The KFP exit handler's step: close the parent run of job ``job_id`` FAILED when the
+    pipeline (``state``, KFP's final state of the run's task group) or any child run
+    failed, else FINISHED; tags the failed tasks and KFP's error. Returns the status."""
+    from mlflow import MlflowClient
+
+    from flora.tracking import child_runs, configure, ensure_experiment, finish_pipeline_run
+
+    configure()
+    client = MlflowClient()
+    exp_id = ensure_experiment(get_settings().mlflow_experiment)
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{KFP_JOB_TAG}` = '{job_id}'")
+    if not runs:
+        exp = get_settings().mlflow_experiment
+        raise LookupError(
+            f"no MLflow run tagged {KFP_JOB_TAG}={job_id!r} in experiment {exp!r}: "
+            "the pipeline's open_run_op did not run"
+        )
+    parent = runs[0].info.run_id
+    states: dict[str, str] = {}
+    for child in child_runs(parent):
+        step = child.data.tags.get("flora.step", child.info.run_name or child.info.run_id)
+        shard = child.data.tags.get("flora.shard")
+        key = f"{step}[{shard}]" if shard else step
+        # A child still RUNNING when the pipeline ended was killed with its pod.
+        states[key] = "success" if child.info.status == "FINISHED" else "failed"
+    states["pipeline"] = "success" if state.upper() == "SUCCEEDED" else "failed"
+    if error:
+        client.set_tag(parent, "flora.error", error[:5000])
+    return finish_pipeline_run(parent, states)
+
+
+def summarize_kfp_shards(
+    mlflow_run_id: str,
+    dataset_path: str | Path,
+    valid_episodes: Sequence[int],
+    reports: dict[str, Sequence[dict[str, Any]]],
+    shard_roots: dict[str, Sequence[str]],
+    out_roots: dict[str, str],
+) -> dict[str, Any]:
+    """The KFP pipeline's ``summary`` step over its episode shards.
+
+    Each shard's component wrote its table into its own artifact (``shard_roots``: per
+    step, the shards' store roots); they are merged into one store per step
+    (``out_roots``, :meth:`flora.tables.TableStore.merge_from`), the shards' reports are
+    merged, the run's events are scored once against the ground truth, and the totals are
+    logged to the MLflow parent run. Returns the per-table summary.
+    """
+    from flora.tables import TableStore
+
+    for key, table in STEP_TABLES.items():
+        store = TableStore(out_roots[key])
+        for root in shard_roots.get(key) or []:
+            store.merge_from(table, root)
+        (Path(out_roots[key]) / table).mkdir(parents=True, exist_ok=True)
+    merged = merge_step_reports(reports)
+    for key, rep in merged.items():
+        rep["table_dir"] = str(Path(out_roots[key]) / STEP_TABLES[key])
+    if "segment" in merged:
+        merged["segment"]["metrics"] = segment_metrics(
+            dataset_path, out_roots["segment"], valid_episodes
+        )
+    tables = engine_summary(list(merged.values()))
+    n = max((len(r) for r in reports.values()), default=0)
+    log_run_totals(mlflow_run_id, merged, tables, metrics={"shards": n})
+    return tables
+
+
 def publish_kfp(rep: StepReport, metrics: Any, table: Any) -> tuple[int, int, dict[str, Any]]:
     """A step's KFP outputs: counts and metrics to the ``Metrics`` artifact, the table's
     metadata on its output artifact. Returns ``(rows, failures, report dict)``."""
@@ -728,8 +832,12 @@ __all__ = [
     "StepReport",
     "engine_summary",
     "ensure_tiny_vlm",
+    "KFP_JOB_TAG",
+    "finish_kfp_run",
     "ingest_tracked",
+    "log_run_totals",
     "merge_reports",
+    "merge_step_reports",
     "publish_kfp",
     "report_counts",
     "rubric_source",
@@ -738,6 +846,8 @@ __all__ = [
     "run_segment",
     "segment_backend",
     "segment_metrics",
+    "start_kfp_run",
+    "summarize_kfp_shards",
     "summarize_shards",
     "tiny_model_dir",
     "tracked",

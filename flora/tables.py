@@ -278,6 +278,46 @@ class TableStore:
             return pd.DataFrame(columns=list(COMMON_COLUMNS))
         return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
 
+    # ---- merging ----------------------------------------------------------------------
+
+    def merge_from(self, table: str, source: str | Path) -> int:
+        """Copy ``table``'s committed parts and failure records from the store at
+        ``source`` into this one; returns how many files were copied.
+
+        How a fan-out over disjoint episode shards becomes one table (KFP: each shard
+        writes its own artifact). Idempotent: a file already here with the same bytes is
+        left alone, so a retried merge copies nothing twice. Uncommitted (pending) episodes
+        are not copied. The same part with different bytes is an error naming it: two
+        shards wrote the same episode, which a shard plan never does.
+        """
+        src = TableStore(source)
+        sdir = src._dir(table)
+        if not sdir.is_dir():
+            return 0
+        pending = set(src.pending(table))
+        dest = self._dir(table)
+        copied = 0
+        layout = sdir / LAYOUT_FILE
+        files = [(p, dest / p.name) for p in sorted(sdir.glob("*.parquet"))]
+        fdir = sdir / FAILURES_DIR
+        files += [(p, dest / FAILURES_DIR / p.name) for p in sorted(fdir.glob("*.json"))]
+        for p, target in files:
+            if p.stem in pending:
+                continue
+            data = p.read_bytes()
+            if target.exists():
+                if target.read_bytes() != data:
+                    raise ValueError(
+                        f"table {table!r}: {target.name} differs between {sdir} and {dest} "
+                        "(two shards wrote the same episode)"
+                    )
+                continue
+            _atomic_write(target, lambda f, b=data: f.write(b))
+            copied += 1
+        if layout.exists() and not (dest / LAYOUT_FILE).exists():
+            _atomic_write(dest / LAYOUT_FILE, lambda f: f.write(layout.read_bytes()))
+        return copied
+
     # ---- repair -----------------------------------------------------------------------
 
     def _quarantine(self, table: str, path: Path, why: str) -> Path | None:

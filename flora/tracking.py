@@ -9,7 +9,7 @@ git commit, params, left RUNNING) and hands its ``run_id`` on (Airflow XCom / KF
 parameter); each step calls ``mlflow_run(step, run_id=parent)`` and gets its own nested
 child run, FAILED if the step raised; the last task closes the parent with
 :func:`finish_pipeline_run`, FAILED when any task failed. A ``run_id`` that is not a parent
-is simply reopened (one flat run shared by steps). MLflow 3 conventions hold everywhere:
+is simply reopened (a run a step owns, e.g. a training run). MLflow 3 conventions hold everywhere:
 ``log_model(name=...)`` and registered-model aliases, never stages.
 """
 

@@ -50,6 +50,39 @@ def shard_label(shard: Mapping[str, int] | None) -> str:
     return "all" if shard is None else f"{int(shard['index'])}-of-{int(shard['count'])}"
 
 
+def shard_tags(shard: Mapping[str, int] | None) -> dict[str, str]:
+    """The MLflow tags of a step's child run on ``shard``."""
+    return {"flora.shard": shard_label(shard)}
+
+
+def vlm_shard_episodes(
+    valid: Sequence[int], shard: Mapping[str, int] | None, options: Any
+) -> list[int]:
+    """The episodes a VLM step processes on ``shard``: the run-wide bound
+    (``StepOptions.vlm_episodes``) first, then the shard's part of what it keeps, so the
+    bound means the same with any number of shards."""
+    return shard_episodes(options.vlm_episodes(valid), shard)
+
+
+def plan_shards_with_episodes(
+    valid: Sequence[int], shards: int, options: Any
+) -> list[dict[str, Any]]:
+    """:func:`plan_shards` with each shard's episodes in it: ``episodes`` (segment) and
+    ``vlm_episodes`` (caption, rewards: :func:`vlm_shard_episodes`).
+
+    For the KFP pipeline, whose loop iterations take only the loop item (and pipeline
+    parameters) reliably; the Airflow DAG keeps episode lists out of XCom instead.
+    """
+    return [
+        {
+            **sh,
+            "episodes": shard_episodes(valid, sh),
+            "vlm_episodes": vlm_shard_episodes(valid, sh, options),
+        }  # fmt: skip
+        for sh in plan_shards(len(valid), shards)
+    ]
+
+
 def unfinished_shards(
     shards: Sequence[Mapping[str, int]], handoffs: Mapping[str, Sequence[Mapping | None]]
 ) -> dict[str, list[str]]:
@@ -109,10 +142,13 @@ __all__ = [
     "Shard",
     "episode_set",
     "plan_shards",
+    "plan_shards_with_episodes",
     "report_path",
     "run_dir",
     "shard_episodes",
     "shard_label",
+    "shard_tags",
     "unfinished_shards",
+    "vlm_shard_episodes",
     "write_episode_sets",
 ]

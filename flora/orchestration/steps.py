@@ -45,29 +45,22 @@ def _hand_off(state: State, name: str, shard: Shard | None, rep: Any) -> State:
     return {**state, "shard": shard, name: ref}
 
 
-def _shard_tags(shard: Shard | None) -> dict[str, str]:
-    from flora.orchestration.shards import shard_label
-
-    return {"flora.shard": shard_label(shard)}
-
-
 def segment(state: State, shard: Shard | None = None) -> State:
     """Segment the shard's valid episodes into the ``events`` table (scored by ``summary``)."""
     from flora.engine import run_segment, tracked
-    from flora.orchestration.shards import episode_set, shard_episodes
+    from flora.orchestration.shards import episode_set, shard_episodes, shard_tags
 
     eps = shard_episodes(episode_set(state, "valid"), shard)
     rep = tracked("segment", state["mlflow_run_id"], run_segment, state["dataset_path"],
                   state["outputs_dir"], eps, state["mlflow_run_id"], evaluate=False,
-                  run_tags=_shard_tags(shard))  # fmt: skip
+                  run_tags=shard_tags(shard))  # fmt: skip
     return _hand_off(state, "segment", shard, rep)
 
 
 def _vlm_episodes(state: State, shard: Shard | None, opt: Any) -> list[int]:
-    from flora.orchestration.shards import episode_set, shard_episodes
+    from flora.orchestration.shards import episode_set, vlm_shard_episodes
 
-    # The episode bound applies to the whole run, then the shard takes its part of it.
-    return shard_episodes(opt.vlm_episodes(episode_set(state, "valid")), shard)
+    return vlm_shard_episodes(episode_set(state, "valid"), shard, opt)
 
 
 def caption(
@@ -75,12 +68,13 @@ def caption(
 ) -> State:
     """Caption the events of the shard's valid episodes into the ``captions`` table."""
     from flora.engine import StepOptions, run_caption, tracked
+    from flora.orchestration.shards import shard_tags
 
     opt = StepOptions.from_mapping(params)
     rep = tracked("caption", state["mlflow_run_id"], run_caption, state["dataset_path"],
                   state["segment"]["table_dir"], state["outputs_dir"],
                   _vlm_episodes(state, shard, opt), state["mlflow_run_id"], options=opt,
-                  run_tags=_shard_tags(shard))  # fmt: skip
+                  run_tags=shard_tags(shard))  # fmt: skip
     return _hand_off(state, "caption", shard, rep)
 
 
@@ -89,12 +83,13 @@ def reward(
 ) -> State:
     """One rewarder mode (outcome | dense | rubric) on the shard's episodes into its table."""
     from flora.engine import StepOptions, run_reward, tracked
+    from flora.orchestration.shards import shard_tags
 
     opt = StepOptions.from_mapping(params)
     rep = tracked(mode, state["mlflow_run_id"], run_reward, mode, state["dataset_path"],
                   state["outputs_dir"], _vlm_episodes(state, shard, opt),
                   state["mlflow_run_id"], options=opt,
-                  run_tags=_shard_tags(shard))  # fmt: skip
+                  run_tags=shard_tags(shard))  # fmt: skip
     return _hand_off(state, mode, shard, rep)
 
 

@@ -45,9 +45,9 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     execs = fresh["deploymentSpec"]["executors"]
     assert set(execs) == set(k8s) == {
         f"exec-{n}"
-        for n in ("ingest-op", "validate-op", "segment-op", "caption-op", "summary-op",
-                  "reward-op", "reward-op-2", "reward-op-3", "curate-op", "export-op",
-                  "report-op")
+        for n in ("open-run-op", "finalize-op", "ingest-op", "validate-op", "plan-op",
+                  "segment-op", "caption-op", "reward-op", "reward-op-2", "reward-op-3",
+                  "summary-op", "curate-op", "export-op", "report-op")
     }  # fmt: skip
     for name, ex in execs.items():
         # The heavy steps are GPU steps (CUDA image, nvidia.com/gpu), as the Airflow DAG's
@@ -55,29 +55,73 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
         gpu = name.startswith(("exec-segment", "exec-caption", "exec-reward"))
         assert_gpu_container(ex["container"], gpu=gpu)
         assert_on_cluster(k8s[name], gpu=gpu)
-    tasks = fresh["root"]["dag"]["tasks"]
+    # open_run_op opens the MLflow parent run; finalize_op is the exit handler that closes
+    # it whatever happened inside (it runs when the group has completed, failed or not).
+    root = fresh["root"]["dag"]["tasks"]
+    assert set(root) == {"open-run-op", "exit-handler-1", "finalize-op"}
+    assert root["exit-handler-1"]["dependentTasks"] == ["open-run-op"]
+    assert root["finalize-op"]["triggerPolicy"] == {"strategy": "ALL_UPSTREAM_TASKS_COMPLETED"}
+    comps = fresh["components"]
+    tasks = comps["comp-exit-handler-1"]["dag"]["tasks"]
     assert tasks["validate-op"]["dependentTasks"] == ["ingest-op"]
-    assert "validate-op" in tasks["segment-op"]["dependentTasks"]
-    assert "segment-op" in tasks["caption-op"]["dependentTasks"]
+    assert tasks["plan-op"]["dependentTasks"] == ["validate-op"]
+    # The engine steps fan out over the planned shards (one loop iteration per shard).
+    loop = tasks["for-loop-2"]
+    items = loop["parameterIterator"]["items"]
+    assert items == {"inputParameter": "pipelinechannel--plan-op-Output"}
+    shard = comps["comp-for-loop-2"]["dag"]["tasks"]
+    assert set(shard) == {"segment-op", "caption-op", "reward-op", "reward-op-2", "reward-op-3"}
+    assert shard["caption-op"]["dependentTasks"] == ["segment-op"]
     modes = {}
     for key in ("reward-op", "reward-op-2", "reward-op-3"):
-        assert "caption-op" in tasks[key]["dependentTasks"]
-        params = tasks[key]["inputs"]["parameters"]
-        modes[params["mode"]["runtimeValue"]["constant"]] = tasks[key]["taskInfo"]["name"]
+        assert shard[key]["dependentTasks"] == ["caption-op"]
+        params = shard[key]["inputs"]["parameters"]
+        modes[params["mode"]["runtimeValue"]["constant"]] = shard[key]["taskInfo"]["name"]
     assert modes == {m: f"reward-{m}" for m in ("outcome", "dense", "rubric")}
-    assert {"reward-op", "reward-op-2", "reward-op-3", "segment-op", "caption-op"} <= set(
-        tasks["summary-op"]["dependentTasks"]
-    )
-    # curate reads every table artifact and runs after the summary; export and report
-    # read the curated mixture artifact.
-    assert {"summary-op", "segment-op", "caption-op", "reward-op", "reward-op-2",
-            "reward-op-3"} <= set(tasks["curate-op"]["dependentTasks"])  # fmt: skip
-    assert "curate-op" in tasks["export-op"]["dependentTasks"]
-    assert {"curate-op", "export-op"} <= set(tasks["report-op"]["dependentTasks"])
+    # summary collects every shard's tables and reports after the loop, and merges them
+    # into one artifact per table, which curate, export and report read.
+    assert "for-loop-2" in tasks["summary-op"]["dependentTasks"]
+    arts = tasks["summary-op"]["inputs"]["artifacts"]
+    names = ("events", "captions", "outcome", "dense", "rubric")
+    assert set(arts) == {f"{t}_shards" for t in names}
+    assert {a["taskOutputArtifact"]["producerTask"] for a in arts.values()} == {"for-loop-2"}
+    assert "summary-op" in tasks["curate-op"]["dependentTasks"]
     arts = tasks["curate-op"]["inputs"]["artifacts"]
     assert set(arts) == {"events", "captions", "outcome", "dense", "rubric"}
-    for t in tasks.values():
-        assert t["cachingOptions"] == {}  # caching off (enableCache absent = false)
+    assert {a["taskOutputArtifact"]["producerTask"] for a in arts.values()} == {"summary-op"}
+    assert "curate-op" in tasks["export-op"]["dependentTasks"]
+    assert {"curate-op", "export-op"} <= set(tasks["report-op"]["dependentTasks"])
+    for dag in (root, tasks, shard):
+        for t in dag.values():
+            assert t.get("cachingOptions", {}) == {}  # caching off (no enableCache)
+
+
+def test_the_exit_handler_closes_the_parent_run_failed_when_a_shard_failed(flora_home):
+    """``finalize_op``'s function: a failed child run (one shard's segment) or a failed
+    pipeline state closes the parent FAILED and names the task; otherwise FINISHED."""
+    from mlflow import MlflowClient
+
+    from flora.engine import finish_kfp_run, start_kfp_run
+    from flora.tracking import mlflow_run
+
+    ok = start_kfp_run("/data/toy", "job-ok", {"shards": 2})
+    with mlflow_run("segment", {"flora.shard": "0-of-2"}, run_id=ok):
+        pass
+    assert finish_kfp_run("job-ok", "SUCCEEDED") == "FINISHED"
+    bad = start_kfp_run("/data/toy", "job-bad", {"shards": 2})
+    with mlflow_run("segment", {"flora.shard": "0-of-2"}, run_id=bad):
+        pass
+    with pytest.raises(OSError), mlflow_run("segment", {"flora.shard": "1-of-2"}, run_id=bad):
+        raise OSError("video unreadable")
+    assert finish_kfp_run("job-bad", "FAILED", "Task exit-handler-1 failed.") == "FAILED"
+    client = MlflowClient()
+    run = client.get_run(bad)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["flora.failed_tasks"] == "pipeline,segment[1-of-2]"
+    assert run.data.tags["flora.error"] == "Task exit-handler-1 failed."
+    assert client.get_run(ok).info.status == "FINISHED"
+    with pytest.raises(LookupError, match="no MLflow run tagged kfp.job_id='job-x'"):
+        finish_kfp_run("job-x", "FAILED")
 
 
 def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_dir, tmp_path):
@@ -93,10 +137,12 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_
     shutil.copytree(tiny_vlm_dir(), flora_home / "models" / "tiny")
     kfp_root = tmp_path / "kfp_root"
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(kfp_root))
-    task = data_engine_pipeline(
+    data_engine_pipeline(
         dataset_path=str(tiny_dataset), vlm_max_episodes=1, max_attempts=1, max_new_tokens=8
     )
-    tables = task.output
+    # The per-table summary: summary_op's artifact (an exit-handler pipeline has no return).
+    (summary_file,) = kfp_root.rglob("summary-op/summary")
+    tables = json.loads(summary_file.read_text())
     assert set(tables) == {"events", "captions", "outcome", "dense_labels", "rubric"}
 
     # The validation report artifact and the manifest written by the first two components.
@@ -106,19 +152,28 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_
     assert rep["success"] is True and rep["dataset"] == tiny_dataset.name
     assert len(list(kfp_root.rglob("ingest-op/manifest"))) == 1
 
-    # Tables travel as Dataset artifacts: <artifact>/<table>/ parts (+ _failures/).
+    # Two shards (the default) over 3 valid episodes: shard 0 takes 0 and 2, shard 1 takes 1;
+    # each iteration writes its own artifact, and summary merges them into one per table.
     ids = [f"{tiny_dataset.name}/{i:06d}" for i in range(3)]
-    (events_dir,) = kfp_root.rglob("segment-op/events/events")
+    shard_events = {
+        d.parents[2].name: set(pd.concat(map(pd.read_parquet, d.glob("*.parquet"))).episode_id)
+        for d in kfp_root.rglob("segment-op/events/events")
+    }
+    assert shard_events == {"for-loop-2-iteration-0": {ids[0], ids[2]},
+                            "for-loop-2-iteration-1": {ids[1]}}  # fmt: skip
+    (events_dir,) = kfp_root.rglob("summary-op/events/events")
     events = pd.concat(pd.read_parquet(p) for p in events_dir.glob("*.parquet"))
     assert set(events.episode_id) == set(ids) and set(events.model) == {"kinematic-baseline"}
     assert tables["events"]["rows"] == len(events) and tables["events"]["valid"] == "passed"
     assert tables["events"]["table_dir"] == str(events_dir)
+    assert tables["events"]["episodes_in"] == 3
     assert 0.0 <= tables["events"]["metrics"]["segment.f1_at_0.5"] <= 1.0
     for table in ("captions", "outcome", "dense_labels", "rubric"):
         t = tables[table]
-        assert t["episodes_in"] == 1, table  # vlm_max_episodes=1: episode 0 only
+        # vlm_max_episodes=1 bounds the whole run: episode 0 only, in shard 0.
+        assert t["episodes_in"] == 1, table
         d = Path(t["table_dir"])
-        assert d.name == table and d.is_relative_to(kfp_root)
+        assert d.name == table and d.is_relative_to(kfp_root) and "summary-op" in d.parts
         parts = list(d.glob("*.parquet"))
         fails = [f for p in d.glob("_failures/*.json") for f in json.loads(p.read_text())]
         rows = pd.concat(pd.read_parquet(p) for p in parts) if parts else pd.DataFrame()
@@ -129,20 +184,29 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_
     assert tables["outcome"]["failures"] == 1 and tables["outcome"]["rows"] == 0
     assert "after 1 attempts" in tables["outcome"]["failure_examples"][0]
 
+    # MLflow: one parent run for the pipeline run, one child run per task (per shard for
+    # the engine steps), closed FINISHED by the exit handler.
+    from flora.tracking import child_runs
+
     client = MlflowClient(tracking_uri=get_settings().tracking_uri)
     exp = client.get_experiment_by_name(get_settings().mlflow_experiment)
-    runs = client.search_runs([exp.experiment_id])
-    assert len(runs) == 1
-    run = runs[0]
+    parents = "tags.`flora.pipeline_parent` = '1'"
+    (run,) = client.search_runs([exp.experiment_id], filter_string=parents)
     assert run.info.status == "FINISHED"
-    assert run.data.tags["orchestrator"] == "kfp"
-    steps = run.data.tags["flora.steps"].split(",")
-    assert steps[:4] == ["ingest", "validate", "segment", "caption"]
-    assert sorted(steps[4:7]) == ["dense", "outcome", "rubric"]
-    assert steps[7:] == ["summary", "curate", "export", "report"]
-    m = run.data.metrics
-    assert m["validation.raw.success"] == 1.0 and m["ingest.episodes"] == 3
-    assert m["step.segment.rows"] == len(events) and m["validation.events.success"] == 1.0
+    assert run.data.tags["kfp.job_id"] and run.data.tags["flora.failed_tasks"] == ""
+    assert run.data.params["shards"] == "2" and run.data.params["vlm_max_episodes"] == "1"
+    children = {(c.data.tags["flora.step"], c.data.tags.get("flora.shard")): c
+                for c in child_runs(run.info.run_id)}  # fmt: skip
+    engine = {(s, f"{k}-of-2") for s in ("segment", "caption", "outcome", "dense", "rubric")
+              for k in (0, 1)}  # fmt: skip
+    assert set(children) == engine | {(s, None) for s in ("ingest", "validate", "curate",
+                                                          "export", "report")}  # fmt: skip
+    assert {c.info.status for c in children.values()} == {"FINISHED"}
+    assert children[("ingest", None)].data.metrics["ingest.episodes"] == 3
+    assert children[("validate", None)].data.metrics["validation.raw.success"] == 1.0
+    assert children[("segment", "1-of-2")].data.metrics["step.segment.episodes_in"] == 1
+    m = run.data.metrics  # the run's totals, over both shards
+    assert m["shards"] == 2 and m["step.segment.rows"] == len(events)
     assert m["segment.f1_at_0.5"] == tables["events"]["metrics"]["segment.f1_at_0.5"]
     for step, table in (("caption", "captions"), ("outcome", "outcome"),
                         ("dense", "dense_labels"), ("rubric", "rubric")):  # fmt: skip
@@ -155,12 +219,16 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_
     mix = pd.read_parquet(mix_path)
     assert len(mix) > 0 and set(mix.episode_id) <= set(ids)
     assert abs(mix.groupby("split").weight.sum() - 1).max() < 1e-9
-    assert run.data.tags["validation.mixture"] == "passed"
-    assert [d.dataset.name for d in run.inputs.dataset_inputs] == [f"{tiny_dataset.name}-mixture"]
+    curate = client.get_run(children[("curate", None)].info.run_id)
+    assert curate.data.tags["validation.mixture"] == "passed"
+    assert [d.dataset.name for d in curate.inputs.dataset_inputs] == [
+        f"{tiny_dataset.name}-mixture"
+    ]
     (info,) = kfp_root.rglob("export-op/export/meta/info.json")
     assert json.loads(info.read_text())["features"]["language_persistent"]["dtype"] == "language"
     assert list(kfp_root.rglob("export-op/export/flora_annotations/manifest.json"))
     (index,) = kfp_root.rglob("report-op/report/index.html")
     assert "Curated mixture" in index.read_text()
-    assert "report/index.html" in {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+    report_run = children[("report", None)].info.run_id
+    assert "report/index.html" in {a.path for a in client.list_artifacts(report_run, "report")}
     assert os.environ["FLORA_HOME"] == str(flora_home)

@@ -10,6 +10,7 @@ from flora.engine import merge_reports, report_counts
 from flora.orchestration.shards import (
     episode_set,
     plan_shards,
+    plan_shards_with_episodes,
     report_path,
     shard_episodes,
     shard_label,
@@ -37,6 +38,21 @@ def test_shards_partition_the_episodes_strided():
         shard_episodes(eps, {"index": 3, "count": 3})
     assert [shard_label(sh) for sh in plan] == ["0-of-3", "1-of-3", "2-of-3"]
     assert shard_label(None) == "all"
+
+
+def test_kfp_plan_carries_each_shards_episodes_and_the_run_wide_vlm_bound():
+    """The KFP loop items: segment takes ``episodes``; the VLM steps take the run's first
+    ``vlm_max_episodes`` episodes, each shard its part of them (as the Airflow DAG)."""
+    from flora.engine import StepOptions
+
+    eps = [9, 0, 4, 2, 7, 1, 3]
+    plan = plan_shards_with_episodes(eps, 3, StepOptions.from_mapping({"vlm_max_episodes": 4}))
+    assert [(p["index"], p["count"]) for p in plan] == [(0, 3), (1, 3), (2, 3)]
+    assert [p["episodes"] for p in plan] == [[0, 3, 9], [1, 4], [2, 7]]
+    assert [p["vlm_episodes"] for p in plan] == [[0, 3], [1], [2]]  # of 0, 1, 2, 3
+    everything = plan_shards_with_episodes(eps, 2, StepOptions.from_mapping({}))
+    assert [p["vlm_episodes"] for p in everything] == [p["episodes"] for p in everything]
+    assert json.loads(json.dumps(plan)) == plan  # a KFP parameter: plain JSON
 
 
 def test_episode_sets_are_a_reference_with_clear_errors(tmp_path):

@@ -201,3 +201,27 @@ def test_crash_in_reward_step_between_part_and_failures(tiny_dataset, tmp_path, 
     dl = store.read("dense_labels")
     assert not dl.duplicated(["episode_id", "t_us"]).any()
     assert len(dl[dl.episode_id == e2]) == 24
+
+
+def test_merge_from_joins_disjoint_shards_once_and_refuses_a_conflict(tmp_path):
+    """KFP shards write their own stores; ``merge_from`` makes one table of them: committed
+    parts and failure records copied, pending episodes left out, a rerun copies nothing,
+    and two different parts for one episode are refused by name."""
+    a, b, out = TableStore(tmp_path / "a"), TableStore(tmp_path / "b"), TableStore(tmp_path / "m")
+    a.commit("events", "ds/000000", _rows("ds/000000"), [])
+    a.commit("events", "ds/000002", None, [Failure("events", "ds/000002", "window 3", "bad")])
+    b.commit("events", "ds/000001", _rows("ds/000001", 3), [])
+    b.write("events", "ds/000003", _rows("ds/000003"))  # written, never committed
+    assert out.merge_from("events", a.root) == 2
+    assert out.merge_from("events", b.root) == 1
+    merged = out.read("events")
+    assert sorted(merged.episode_id.unique()) == ["ds/000000", "ds/000001"] and len(merged) == 5
+    assert [(f.episode_id, f.item) for f in out.failures("events")] == [("ds/000002", "window 3")]
+    assert out.pending("events") == [] and (out.root / "events" / LAYOUT_FILE).exists()
+    assert out.merge_from("events", a.root) == out.merge_from("events", b.root) == 0
+    assert out.merge_from("captions", a.root) == 0  # a table the shard never wrote
+    c = TableStore(tmp_path / "c")
+    c.commit("events", "ds/000001", _rows("ds/000001", 1), [])
+    with pytest.raises(ValueError, match=rf"{part_key('ds/000001')}.parquet differs"):
+        out.merge_from("events", c.root)
+    assert len(out.read("events")) == 5
