@@ -247,6 +247,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         upd["vision_lr"] = recipe.vision_lr * args.lr_scale
     if args.patience is not None:  # e.g. early stop off for a long schedule
         upd["patience"] = args.patience
+    if args.grpo_lr is not None and recipe.grpo is not None:
+        upd["grpo"] = recipe.grpo.model_copy(update={"lr": args.grpo_lr})
     if args.init_from and model != "segmenter":  # continue a released full-weight model
         upd["init_from"] = str(args.init_from / model)
     recipe = recipe.model_copy(update=upd)
@@ -471,6 +473,8 @@ def main() -> None:
     ap.add_argument("--grpo-steps", type=int, default=None)
     ap.add_argument("--eval-episodes", type=int, default=None)
     ap.add_argument("--probe-prompts", type=int, default=8)
+    ap.add_argument("--grpo-lr", type=float, default=None,
+                    help="Override the recipes' GRPO learning rate.")  # fmt: skip
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--plot", default="learning.png", help="file name under docs/img/")
