@@ -226,8 +226,8 @@ class RTCRuntime:
                             lambda st=start, la=lat: self._stop or self._t - st >= la,
                             forever=True,
                         )
-                        if self._stop:
-                            return
+                    if self._stop:  # nobody is served any more: the chunk is moot
+                        return
                     measured = self._t - start
                     self._chunk = chunk
                     self._t = measured  # the new chunk continues where time is now

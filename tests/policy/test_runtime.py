@@ -119,8 +119,10 @@ def test_real_clock_measures_delay_in_control_steps():
         rt.stop()
     assert len(seen) == 60 and rt.stats.served == 60
     assert len(rt.stats.delays) >= 3
-    # A 35 ms inference at 100 Hz spans several control steps (never zero).
-    assert min(rt.stats.delays) >= 1
+    # A 35 ms inference at 100 Hz spans several control steps (never zero) — while the
+    # control loop runs. The last one may start at the loop's final step and return after
+    # it, with no step left to count (round two's fresh clone measured 0 there under load).
+    assert min(rt.stats.delays[:-1]) >= 1
     # Chunks served in order, each continuing from its measured delay.
     ids = [int(a[0]) for a in seen]
     assert ids == sorted(ids)
