@@ -169,6 +169,38 @@ def sampled_reward(model_dir: Path, prompts: list, group_size: int, judge: Any) 
     return sum(vals) / len(vals)
 
 
+def _guided_examples(
+    model: str, held: list, args: argparse.Namespace, dataset: Path, set_dir: Path
+) -> list:
+    """The held-out examples with their grammar regexes, for the guided rows.
+
+    A set written before sets stored ``guided_regex`` is rebuilt beside it (deterministic:
+    the same examples, checked) rather than retrained on.
+    """
+    if all(e.guided_regex for e in held):
+        return held
+    from training.evaluate import heldout_examples
+    from training.recipe import load_recipe
+    from training.sets import build_sft_set
+
+    again = set_dir.parent / "set_guided"
+    if not (again / "examples.parquet").is_file():
+        _log(f"{model}: rebuilding the set with its grammar regexes")
+        s = load_recipe(f"{model}-small").sets
+        profiles = ("standard",) if args.quick else s.profiles
+        build_sft_set(model, dataset, again, split_fraction=args.split, profiles=profiles,
+                      shifted=s.shifted, outcome_frames=s.outcome_frames,
+                      rubric_frames=s.rubric_frames, rubric_thinking=s.rubric_thinking,
+                      progress=False)  # fmt: skip
+    out = heldout_examples(model, again, limit=args.eval_episodes)
+    same = [(e.example_id, e.prompt, e.target) for e in out] == [
+        (e.example_id, e.prompt, e.target) for e in held
+    ]
+    if not same:
+        raise SystemExit(f"{again}: the rebuilt set differs from {set_dir}")
+    return out
+
+
 # --------------------------------------------------------------------------- one model
 
 
@@ -268,6 +300,10 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     elif (wd / "sft_summary.json").is_file():
         res["sft"] = json.loads((wd / "sft_summary.json").read_text())
     ev("SFT", lambda: generate_outputs(backend_for(sft_dir / "model"), held))
+    guided_held = _guided_examples(model, held, args, dataset, set_dir) if args.guided else None
+    if guided_held is not None:
+        ev("SFT, guided", lambda: generate_outputs(
+            backend_for(sft_dir / "model", guided=True), guided_held))  # fmt: skip
 
     # GRPO
     if model in ("segmenter", "captioner") and args.grpo_steps > 0:
@@ -292,6 +328,9 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
             "SFT+GRPO": sampled_reward(gdir / "model", probe, g, judge),
         })  # fmt: skip
         ev("SFT+GRPO", lambda: generate_outputs(backend_for(gdir / "model"), held))
+        if guided_held is not None:
+            ev("SFT+GRPO, guided", lambda: generate_outputs(
+                backend_for(gdir / "model", guided=True), guided_held))  # fmt: skip
     return res
 
 
@@ -396,7 +435,7 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
             best = 0.0 if lower else 1.0  # judged metrics: rates in [0, 1], errors >= 0
             for n, x in v.items():
                 o = x["metrics"].get(c)
-                if n in ("SFT", "SFT+GRPO") or o is None or math.isnan(o):
+                if n.startswith("SFT") or o is None or math.isnan(o):  # the model itself
                     continue
                 if s == o == best:
                     ceiling.append(n)  # a tie at the best possible value cannot be beaten
@@ -406,6 +445,12 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
                 out.append(f"  - SFT does not beat {', '.join(beaten)} on {c} ({s:.3f}).")
             if ceiling:
                 out.append(f"  - SFT ties {', '.join(ceiling)} on {c} at its ceiling ({s:.3f}).")
+        sg = v.get("SFT, guided")
+        if sg is not None:
+            gp = sg["metrics"].get("parse_rate", math.nan)
+            out.append(f"  - With grammar-guided decoding (the engine's served path) the SFT "
+                       f"model parses {gp:.2f} ({'meets' if gp >= 0.95 else 'misses'} "
+                       "the target there).")  # fmt: skip
         g = v.get("SFT+GRPO")
         if g is not None:
             key = "r_seg" if m == "segmenter" else "r_cap"
@@ -475,6 +520,8 @@ def main() -> None:
     ap.add_argument("--probe-prompts", type=int, default=8)
     ap.add_argument("--grpo-lr", type=float, default=None,
                     help="Override the recipes' GRPO learning rate.")  # fmt: skip
+    ap.add_argument("--guided", action="store_true",
+                    help="also evaluate SFT / SFT+GRPO with grammar-guided decoding")  # fmt: skip
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--plot", default="learning.png", help="file name under docs/img/")

@@ -48,6 +48,10 @@ class FloraSettings(BaseSettings):
     # OpenAI client capabilities (docs/backends.md): "auto" probes the server once.
     openai_video: Literal["auto", "on", "off"] = "auto"  # frames as one timestamped video
     openai_guided: Literal["auto", "on", "off"] = "auto"  # structured outputs (regex/JSON)
+    # In-process transformers backend: enforce each request's grammar regex while decoding
+    # (as `flora serve` and vLLM structured outputs do). Off by default: the strict parser
+    # alone judges free answers, which is what evaluation of a model's own grammar measures.
+    guided: bool = False
     device: str = "auto"
     # `flora serve` limits (docs/backends.md): every request is bounded before it costs
     # memory or CPU; a client fault is a 4xx, never a 500.

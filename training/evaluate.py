@@ -370,18 +370,23 @@ def heldout_examples(model: str, set_path: str | Path, *, limit: int | None = No
     return ex
 
 
-def backend_for(path: str | Path, *, device: str = "cpu", batch_size: int = 8) -> VLMBackend:
+def backend_for(
+    path: str | Path, *, device: str = "cpu", batch_size: int = 8, guided: bool = False
+) -> VLMBackend:
     """A transformers backend over an exported Flora model directory (SFT or GRPO export).
 
     :func:`training.sft.model_paths` resolves full weights or a PEFT adapter over its base;
     the manifest's checksums are verified first, so a half-written model is refused.
+    ``guided``: decode within each request's grammar regex (as a served model with
+    structured outputs does); off, the model's free answers are measured.
     """
     from flora.backends.transformers_backend import TransformersBackend
     from training.sft import model_paths
 
     model_path, adapter = model_paths(path)
     return TransformersBackend(model_path, adapter_path=adapter, device=device,
-                               batch_size=batch_size, vision_input="images")  # fmt: skip
+                               batch_size=batch_size, vision_input="images",
+                               guided=guided)  # fmt: skip
 
 
 def registered_model_dir(model: str, version: int | str) -> Path:

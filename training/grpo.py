@@ -6,6 +6,9 @@ One step:
    1.0 through the project's :class:`~flora.backends.base.VLMBackend` protocol — in
    process a :class:`LivePolicyBackend` over the very module being trained; in
    production any backend (an OpenAI-compatible vLLM pod) via ``backend_factory``.
+   With ``guided`` (recipe ``grpo.guided``) rollouts are sampled within each request's
+   grammar regex, as the served engine decodes; the loss keeps the unmasked policy's
+   log-probabilities (what a pod decoding with structured outputs returns, too).
 2. **Rewards** (:mod:`training.rewards`): the strict grammar parses each completion; an
    unparseable one gets 0 and lowers the parse rate; the rest get ``r_seg`` against the
    window's reference segments or ``r_cap`` from the judge against the event's
@@ -251,7 +254,7 @@ class LivePolicyBackend:
     name = "transformers-live"
 
     def __init__(self, model: torch.nn.Module, processor: Any, *, batch_size: int = 16,
-                 seed: int | None = None) -> None:  # fmt: skip
+                 seed: int | None = None, guided: bool = False) -> None:  # fmt: skip
         from flora.backends.transformers_backend import TransformersBackend
 
         inner = TransformersBackend.__new__(TransformersBackend)
@@ -265,6 +268,8 @@ class LivePolicyBackend:
         inner.batch_size = batch_size
         inner.seed = None
         inner.show_progress = False
+        inner.guided = guided
+        inner._masks, inner._vocab = {}, None
         tok = processor.tokenizer
         eos = [tok.convert_tokens_to_ids(END)]
         gc = getattr(model, "generation_config", None)
@@ -385,6 +390,7 @@ class GRPOConfig:
     prompts_per_step: int = 4
     max_new_tokens: int = 128
     judge: str = "embedding"
+    guided: bool = False  # rollouts within the request's grammar regex (recipe grpo.guided)
     inner_steps: int = 1  # updates per rollout batch (μ); >1 makes the clip bite
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -410,6 +416,7 @@ class GRPOConfig:
             "prompts_per_step": g.prompts_per_step,
             "max_new_tokens": g.max_new_tokens,
             "judge": g.judge,
+            "guided": g.guided,
             "max_grad_norm": getattr(recipe, "max_grad_norm", 1.0),
             "seed": getattr(recipe, "seed", 0),
             "zero_stage": getattr(recipe, "zero_stage", 2),
@@ -770,7 +777,9 @@ def train_grpo(
                 "ZeRO-3 partitions the policy's weights: in-process rollouts need ZeRO-2 or "
                 "an external rollout backend (an OpenAI-compatible pod)"
             )
-        backend = LivePolicyBackend(engine.module, processor, seed=cfg.seed + rank)
+        backend = LivePolicyBackend(
+            engine.module, processor, seed=cfg.seed + rank, guided=cfg.guided
+        )
 
     def backward(loss: torch.Tensor) -> None:
         # ZeRO averages gradients over ranks; the loss is already over the global count.

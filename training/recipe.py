@@ -65,6 +65,9 @@ class GRPORecipe(_Strict):
     prompts_per_step: int = Field(4, ge=1)
     max_new_tokens: int = Field(128, ge=1)
     judge: Literal["embedding", "llm"] = "embedding"
+    # Sample rollouts within each request's grammar regex (as the served engine decodes).
+    # The ratio and KL stay those of the unmasked policy; see docs/training.md.
+    guided: bool = False
 
 
 class Recipe(_Strict):

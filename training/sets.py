@@ -84,7 +84,10 @@ COLUMNS: tuple[str, ...] = (
     "target",
     "reference",  # JSON: what evaluation / the GRPO reward needs
     "weight",
+    "guided_regex",  # the grammar regex the request carries (None: unconstrained)
 )
+#: Columns a set written before they existed may lack; read as ``None``.
+OPTIONAL_COLUMNS: tuple[str, ...] = ("guided_regex",)
 MIXTURE_COLUMNS = ("episode_id", "start_us", "end_us", "caption", "weight", "split")
 _HELDOUT_ALIASES = {"heldout", "held_out", "val", "validation", "test", "eval"}
 
@@ -118,6 +121,7 @@ class Example:
     target: str
     reference: str = "{}"
     weight: float = 1.0
+    guided_regex: str | None = None
     _decoded: list[np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def image_arrays(self) -> list[np.ndarray]:
@@ -137,6 +141,7 @@ class Example:
             temperature=float(self.temperature),
             top_logprobs=int(self.top_logprobs),
             request_id=self.request_id,
+            guided_regex=self.guided_regex or None,
         )
 
     def reference_obj(self) -> dict[str, Any]:
@@ -204,6 +209,7 @@ def _example(
         target=target,
         reference=json.dumps(reference, sort_keys=True),
         weight=float(weight),
+        guided_regex=req.guided_regex,
     )
 
 
@@ -306,8 +312,7 @@ def segmenter_examples(
     """One example per distinct window (profiles x passes) of one episode."""
     from flora.segment.grammar import render_segments
     from flora.segment.plan import plan_windows
-    from flora.segment.prompts import SYSTEM, segment_prompt
-    from flora.segment.run import _window_images
+    from flora.segment.run import _window_images, window_request
     from flora.segment.targets import window_targets
 
     out: list[Example] = []
@@ -329,15 +334,8 @@ def segmenter_examples(
                     )
                     continue
                 images, rel_times = imgs[k]  # type: ignore[misc]
-                # The same request segment_episode sends (flora.segment.run._backend_outputs).
-                req = VLMRequest(
-                    prompt=segment_prompt(w, episode.task, roles, len(images)),
-                    images=images,
-                    frame_times_us=rel_times,
-                    system=SYSTEM,
-                    max_new_tokens=max_new_tokens,
-                    temperature=0.0,
-                    request_id=f"{episode.episode_id}:{pass_name}:{k}:{w.start_us}-{w.end_us}",
+                req = window_request(
+                    episode, w, k, pass_name, images, rel_times, roles, max_new_tokens
                 )
                 segs = window_targets(src.events, w)
                 ref = {
@@ -952,6 +950,9 @@ def load_set(
         df = pd.read_parquet(f)
     except Exception as e:  # noqa: BLE001 - any unreadable file is a bad set
         raise SetError(f"{f}: not a readable Parquet set: {e}") from e
+    for c in OPTIONAL_COLUMNS:
+        if c not in df.columns:
+            df[c] = None
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise SetError(f"{f}: not a training set, missing column(s) {missing}")

@@ -23,7 +23,8 @@ def make_backend(settings: FloraSettings | None = None) -> VLMBackend | None:
     One settings object selects everything (``FLORA_BACKEND``, ``FLORA_MODEL_PATH``,
     ``FLORA_ADAPTER_PATH``, ``FLORA_DEVICE``, ``FLORA_OPENAI_*``,
     ``FLORA_REQUEST_TIMEOUT_S``, ``FLORA_MAX_RETRIES``, ``FLORA_MAX_CONCURRENCY``,
-    ``FLORA_OPENAI_VIDEO``, ``FLORA_OPENAI_GUIDED``).
+    ``FLORA_OPENAI_VIDEO``, ``FLORA_OPENAI_GUIDED``, ``FLORA_GUIDED`` for the in-process
+    backend).
     """
     from flora.settings import get_settings
 
@@ -35,7 +36,9 @@ def make_backend(settings: FloraSettings | None = None) -> VLMBackend | None:
             raise BackendError("FLORA_BACKEND=transformers needs FLORA_MODEL_PATH")
         from flora.backends.transformers_backend import TransformersBackend
 
-        return TransformersBackend(s.model_path, adapter_path=s.adapter_path, device=s.device)
+        return TransformersBackend(
+            s.model_path, adapter_path=s.adapter_path, device=s.device, guided=s.guided
+        )
     if s.backend == "openai":
         if not s.openai_base_url:
             raise BackendError("FLORA_BACKEND=openai needs FLORA_OPENAI_BASE_URL")

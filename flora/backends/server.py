@@ -53,8 +53,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from flora.backends.guided import JSON_RESAMPLES, RegexMask, guide_from_body, json_ok
-from flora.backends.guided import token_strings as _token_strings
+from flora.backends.guided import JSON_RESAMPLES, guide_from_body, json_ok
 from flora.backends.processing import (
     Chat,
     RequestError,
@@ -430,20 +429,6 @@ def create_app(
     faults = faults or Faults()
     batcher = _Batcher(backend, backend.batch_size, batch_wait_ms / 1000)
     video_ok = supports_video(backend.processor)
-    masks: dict[str, RegexMask] = {}  # per regex: its allowed-token cache is shared
-    vocab: list[list[str | None]] = []
-
-    def regex_mask(pattern: str) -> RegexMask:
-        # Built lazily (decoding the vocabulary once), on the worker thread's side of the
-        # request; a few hundred distinct grammars at most (one per window tick count).
-        if not vocab:
-            vocab.append(_token_strings(backend.tokenizer, len(backend.tokenizer)))
-        if pattern not in masks:
-            if len(masks) >= 256:
-                masks.pop(next(iter(masks)))
-            masks[pattern] = RegexMask(pattern, vocab[0], list(backend.eos_ids))
-        return masks[pattern]
-
     stats: dict[str, Any] = {
         "completions": 0,
         "injected_failures": 0,
@@ -637,7 +622,7 @@ def create_app(
         if guide:
             stats["guided"] += 1
         if guide.regex is not None:
-            chat.meta["logits_mask"] = await asyncio.to_thread(regex_mask, guide.regex)
+            chat.meta["logits_mask"] = await asyncio.to_thread(backend.regex_mask, guide.regex)
         tries = 1 + (JSON_RESAMPLES if guide.json_schema is not None and temperature > 0 else 0)
         for attempt in range(tries):
             if attempt:

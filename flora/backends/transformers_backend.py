@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from flora.backends.base import BackendError, TokenLogprob, VLMRequest, VLMResponse
+from flora.backends.guided import RegexMask, token_strings
 from flora.backends.processing import (
     Chat,
     RequestError,
@@ -174,7 +175,10 @@ class TransformersBackend:
     ``model_path``: local dir or hub id. ``adapter_path``: optional PEFT adapter (merged
     into the weights after loading unless ``merge_adapter=False``). ``vision_input``:
     ``"auto"`` (video with timestamps when the processor supports it and the request has
-    timestamps, else stamped images), ``"images"`` or ``"video"``.
+    timestamps, else stamped images), ``"images"`` or ``"video"``. ``guided``: enforce each
+    request's grammar regex (``VLMRequest.guided_regex``) token by token with the same
+    :class:`~flora.backends.guided.RegexMask` ``flora serve`` applies, so in-process answers
+    are decoded exactly as served ones (``FLORA_GUIDED``; docs/backends.md).
     """
 
     name = "transformers"
@@ -190,6 +194,7 @@ class TransformersBackend:
         merge_adapter: bool = True,
         seed: int | None = None,
         show_progress: bool = False,
+        guided: bool = False,
     ):
         from transformers import AutoModelForImageTextToText
 
@@ -205,6 +210,9 @@ class TransformersBackend:
         self.batch_size = batch_size
         self.seed = seed
         self.show_progress = show_progress
+        self.guided = guided
+        self._masks: dict[str, RegexMask] = {}  # per regex: its allowed-token cache is shared
+        self._vocab: list[str | None] | None = None
         local, revision = resolve_local(self.model_path)
         self.local_path = local
         self.processor = load_processor(local, vision_input)
@@ -262,7 +270,10 @@ class TransformersBackend:
         for i, req in enumerate(requests):
             try:
                 mode = self._mode_for(req)
-                chats.append(request_to_chat(req, mode))
+                chat = request_to_chat(req, mode)
+                if self.guided and req.guided_regex is not None:
+                    chat.meta["logits_mask"] = self.regex_mask(req.guided_regex)
+                chats.append(chat)
             except RequestError as e:
                 chats.append(None)
                 errors[i] = str(e)
@@ -327,6 +338,21 @@ class TransformersBackend:
         if progress is not None:
             progress.close()
         return [r if r is not None else Generation(error="not generated") for r in results]
+
+    def regex_mask(self, pattern: str) -> RegexMask:
+        """The guided-decoding mask for ``pattern`` (compiled once; at most 256 kept).
+
+        Raises :class:`RequestError` when the pattern does not compile. A few hundred
+        distinct grammars at most exist in practice (one per window tick count).
+        """
+        if self._vocab is None:  # decoding the vocabulary once, on first use
+            self._vocab = token_strings(self.tokenizer, len(self.tokenizer))
+        mask = self._masks.get(pattern)
+        if mask is None:
+            if len(self._masks) >= 256:
+                self._masks.pop(next(iter(self._masks)))
+            mask = self._masks[pattern] = RegexMask(pattern, self._vocab, list(self.eos_ids))
+        return mask
 
     # ---- internals ----------------------------------------------------------------------
 

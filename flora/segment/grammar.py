@@ -49,19 +49,38 @@ def render_segments(segments: Sequence[LocalSegment]) -> str:
     return "\n".join(f"{s.u} {s.v} {int(s.left_open)} {int(s.right_open)}" for s in segs)
 
 
-def segments_regex(n_ticks: int) -> str:
-    """The grammar's syntax as a regular expression, for guided decoding (vLLM
-    ``structured_outputs.regex``, ``flora serve``).
+def _at_most(n: int) -> str:
+    """A regex for the decimal integers ``0..n`` without leading zeros."""
+    digits = str(n)
+    d = len(digits)
+    alts = ["[0-9]"] if d > 1 else []  # every one-digit number when n has more digits
+    alts += [f"[1-9][0-9]{{{k - 1}}}" for k in range(2, d)]  # shorter multi-digit numbers
+    # d-digit numbers <= n: n's first i digits, then a smaller digit, then anything.
+    for i, c in enumerate(digits):
+        lo = "1" if i == 0 and d > 1 else "0"
+        if int(c) > int(lo):
+            hi = str(int(c) - 1)
+            rng = lo if hi == lo else f"[{lo}-{hi}]"
+            rest = f"[0-9]{{{d - i - 1}}}" if d - i - 1 > 1 else "[0-9]" * (d - i - 1)
+            alts.append(f"{digits[:i]}{rng}{rest}")
+    alts.append(digits)
+    return "(" + "|".join(alts) + ")"
 
-    Ticks are bounded by their digit count (not by ``n_ticks`` itself) and order, flag and
-    duplicate rules are not expressed: the constrained output is only the shape,
-    :func:`parse_segments` stays the judge.
+
+def segments_regex(n_ticks: int) -> str:
+    """The grammar as a regular expression, for guided decoding (vLLM
+    ``structured_outputs.regex``, ``flora serve``, the in-process backend with
+    ``FLORA_GUIDED``).
+
+    It expresses the line layout, ticks in ``[0, n_ticks]`` and the flag rules (``l = 1``
+    only with ``u = 0``, ``r = 1`` only with ``v = n_ticks``); order (``u < v``), sorting
+    and duplicates are not regular in a compact form and stay with :func:`parse_segments`,
+    which remains the judge of every answer.
     """
     if n_ticks < 1:
         raise ValueError(f"n_ticks must be >= 1, got {n_ticks}")
-    d = len(str(n_ticks))
-    tick = "(0|[1-9][0-9]{0," + str(d - 1) + "})" if d > 1 else "[0-9]"
-    line = f"{tick} {tick} [01] [01]"
+    t, n = _at_most(n_ticks), str(n_ticks)
+    line = f"(0 {t} 1 0|0 {n} 1 1|{t} {t} 0 0|{t} {n} 0 1)"
     return f"({NONE_TOKEN}|{line}(\\n{line})*)"
 
 

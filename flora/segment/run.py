@@ -196,6 +196,32 @@ def _window_images(
     return out, reasons, roles
 
 
+def window_request(
+    episode: Episode,
+    window: Window,
+    index: int,
+    pass_name: str,
+    images: list[np.ndarray],
+    rel_times: list[int],
+    roles: Sequence[str],
+    max_new_tokens: int,
+) -> VLMRequest:
+    """The request for window ``index`` of one pass — what the engine sends and what the
+    training sets store (:func:`training.sets.segmenter_examples`), so there is one prompt
+    path. It carries the grammar's regex for backends that can constrain decoding."""
+    w = window
+    return VLMRequest(
+        prompt=segment_prompt(w, episode.task, roles, len(images)),
+        images=images,
+        frame_times_us=rel_times,
+        system=SYSTEM,
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        request_id=f"{episode.episode_id}:{pass_name}:{index}:{w.start_us}-{w.end_us}",
+        guided_regex=segments_regex(w.n_ticks),
+    )
+
+
 def _backend_outputs(
     episode: Episode,
     windows: Sequence[Window],
@@ -219,16 +245,7 @@ def _backend_outputs(
                 fails.append(WindowFailure(pass_name, k, w.start_us, w.end_us, reasons[pos]))
                 continue
             images, rel_times = imgs[pos]  # type: ignore[misc]
-            req = VLMRequest(
-                prompt=segment_prompt(w, episode.task, roles, len(images)),
-                images=images,
-                frame_times_us=rel_times,
-                system=SYSTEM,
-                max_new_tokens=max_new_tokens,
-                temperature=0.0,
-                request_id=f"{episode.episode_id}:{pass_name}:{k}:{w.start_us}-{w.end_us}",
-                guided_regex=segments_regex(w.n_ticks),  # used where the backend can
-            )
+            req = window_request(episode, w, k, pass_name, images, rel_times, roles, max_new_tokens)
             groups.setdefault(w.n_ticks, []).append((k, req))
         for n_ticks, items in groups.items():
 

@@ -252,9 +252,52 @@ def test_make_backend_reads_env(monkeypatch, tiny_model):
     monkeypatch.setenv("FLORA_BACKEND", "transformers")
     monkeypatch.setenv("FLORA_MODEL_PATH", str(tiny_model))
     monkeypatch.setenv("FLORA_DEVICE", "cpu")
+    monkeypatch.setenv("FLORA_GUIDED", "true")
     get_settings.cache_clear()
     try:
         b = make_backend()
         assert isinstance(b, TransformersBackend) and b.model_path == str(tiny_model)
+        assert b.guided is True
     finally:
         get_settings.cache_clear()
+
+
+def test_guided_backend_answers_within_the_request_grammar(tiny_model, tiny_backend):
+    """``guided=True`` enforces each request's regex in process (as ``flora serve`` does);
+    the same random model unguided breaks the grammar, so the mask is what holds it."""
+    import regex
+
+    from flora.segment.grammar import segments_regex
+
+    pattern = segments_regex(40)
+    reqs = [
+        VLMRequest(
+            prompt=f"segment {k}", images=frames(k, seed=k), max_new_tokens=24, guided_regex=pattern
+        )
+        for k in range(3)
+    ] + [VLMRequest(prompt="no grammar", max_new_tokens=6)]
+    guided = TransformersBackend(tiny_model, device="cpu", batch_size=4, guided=True)
+    out = guided.generate(reqs)
+    assert all(r.ok for r in out)
+    for r in out[:3]:
+        assert regex.fullmatch(pattern, r.text, partial=True), r.text
+    assert out[3].text == tiny_backend.generate(reqs[3:])[0].text  # no regex: untouched
+    free = tiny_backend.generate(reqs[:3])
+    assert not any(regex.fullmatch(pattern, r.text, partial=True) for r in free)
+    assert guided.regex_mask(pattern) is guided.regex_mask(pattern)  # compiled once
+
+
+def test_guided_rollouts_of_the_live_policy(tiny_backend):
+    """GRPO's in-process rollout backend samples within the grammar when the recipe asks."""
+    import regex
+
+    from flora.segment.grammar import segments_regex
+    from training.grpo import LivePolicyBackend
+
+    pattern = segments_regex(40)
+    req = VLMRequest(prompt="segment", max_new_tokens=16, temperature=1.0, guided_regex=pattern)
+    for guided in (True, False):
+        live = LivePolicyBackend(tiny_backend.model, tiny_backend.processor, seed=3, guided=guided)
+        texts = [r.text for r in live.generate([req] * 4)]
+        hits = [regex.fullmatch(pattern, t, partial=True) is not None for t in texts]
+        assert all(hits) if guided else not any(hits), texts

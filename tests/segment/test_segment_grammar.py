@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from flora.parsing import Rejection
 from flora.segment import LocalSegment, parse_segments, render_segments
-from flora.segment.grammar import REASONS
+from flora.segment.grammar import REASONS, segments_regex
 
 
 def test_render_and_parse_example() -> None:
@@ -125,3 +125,52 @@ def test_fuzz_grammar_like_text(text: str, n: int) -> None:
 def test_non_string_input_is_rejected() -> None:
     res = parse_segments(None, 10)  # type: ignore[arg-type]
     assert isinstance(res, Rejection) and res.reason.startswith("garbage")
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(window_output())
+def test_guided_regex_admits_every_rendered_answer(case: tuple[list[LocalSegment], int]) -> None:
+    import regex
+
+    segs, n = case
+    assert regex.fullmatch(segments_regex(n), render_segments(segs))
+
+
+@st.composite
+def free_lines(draw) -> tuple[str, int]:
+    """Lines of four integers drawn independently (out of order, flags anywhere)."""
+    n = draw(st.integers(1, 700))
+    tick = st.integers(0, n + 2)
+    lines = [
+        f"{draw(tick)} {draw(tick)} {draw(st.integers(0, 1))} {draw(st.integers(0, 1))}"
+        for _ in range(draw(st.integers(1, 4)))
+    ]
+    return "\n".join(lines), n
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(free_lines())
+def test_guided_regex_leaves_only_order_rules_to_the_parser(case: tuple[str, int]) -> None:
+    """The regex refuses only invalid answers, and what it admits has the layout, tick range
+    and flag rules right: a guided answer can only be rejected for order, sorting or a
+    repeated line."""
+    import regex
+
+    text, n = case
+    res = parse_segments(text, n)
+    code = res.reason.split(":")[0] if isinstance(res, Rejection) else None
+    if regex.fullmatch(segments_regex(n), text) is None:
+        assert code is not None, text  # it never refuses a valid answer
+    else:
+        assert code in (None, "order", "unsorted", "duplicate"), (text, code)
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(320, "0 321 0 0"), (320, "5 40 1 0"), (320, "0 319 0 1"), (9, "0 10 0 0"), (100, "01 5 0 0")],
+)
+def test_guided_regex_refuses_range_and_flag_violations(n: int, text: str) -> None:
+    import regex
+
+    assert regex.fullmatch(segments_regex(n), text) is None
+    assert isinstance(parse_segments(text, n), Rejection)

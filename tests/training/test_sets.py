@@ -10,6 +10,7 @@ import pytest
 
 from flora.data.dataset import open_dataset
 from flora.data.ground_truth import load_ground_truth
+from flora.segment.grammar import segments_regex
 from training.sets import (
     SetError,
     build_grpo_set,
@@ -107,16 +108,21 @@ def test_examples_are_the_inference_steps_requests(sets, tiny_dataset) -> None:
     assert built.requests
     for req in built.requests:
         got = cap[req.request_id].to_request()
-        assert (got.prompt, got.system, got.frame_times_us) == (
+        assert (got.prompt, got.system, got.frame_times_us, got.guided_regex) == (
             req.prompt,
             req.system,
             req.frame_times_us,
+            req.guided_regex,
         )
         assert all((a == b).all() for a, b in zip(got.images, req.images, strict=True))
     rew = {e.request_id: e for e in load_set(sets["rewarder"])}
     want = outcome_request(ep, 8)
     got = rew[want.request_id].to_request()
     assert got.prompt == want.prompt and got.top_logprobs == want.top_logprobs
+    assert got.guided_regex == want.guided_regex is not None
+    # The segmenter's windows carry their own tick count's grammar, as the engine sends it.
+    for e in load_set(sets["segmenter"]):
+        assert e.to_request().guided_regex == segments_regex(e.reference_obj()["n_ticks"])
     # The rewarder's three kinds are all there, unweighted.
     exs = load_set(sets["rewarder"])
     assert {e.task_kind for e in exs} == {"outcome", "dense", "rubric"}
@@ -197,3 +203,14 @@ def test_sets_are_logged_as_mlflow_datasets(sets, isolated_home) -> None:
     assert contexts == ["heldout", "train"]
     assert read_manifest(sets["rewarder"])["mlflow_run_id"] == run_id
     assert json.loads(json.dumps(run.data.params))["set.outcome_frames"] == "8"
+
+
+def test_a_set_written_before_guided_regex_still_loads(sets, tmp_path) -> None:
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(sets["segmenter"], old)
+    f = old / "examples.parquet"
+    pd.read_parquet(f).drop(columns=["guided_regex"]).to_parquet(f)
+    exs = load_set(old)
+    assert exs and all(e.guided_regex is None and e.to_request().guided_regex is None for e in exs)
