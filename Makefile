@@ -13,6 +13,10 @@ export MPLBACKEND := Agg
 
 .PHONY: venv demo test lint lock clean kinetix
 
+# pytest-xdist workers for `make test`: one per core of the 2-core CI machine. Files stay
+# whole on one worker (--dist loadfile) so module fixtures are built once.
+TEST_WORKERS ?= 2
+
 # Extra index for the torch wheel, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu for
 # the CPU build on an ordinary machine (empty: the default index / local wheels).
 TORCH_INDEX ?=
@@ -44,7 +48,7 @@ test: venv kinetix
 	tools/ensure_chromium.sh
 	tools/ensure_postgres.sh
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 lint: venv
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -153,12 +153,15 @@ def rewarder_baseline(train: list, held: list) -> dict[str, pd.DataFrame]:
 # --------------------------------------------------------------------------- GRPO on its prompts
 
 
-def sampled_reward(model_dir: Path, prompts: list, group_size: int, judge: Any) -> float:
-    """Mean reward of ``group_size`` temperature-1 samples per prompt (its own prompts)."""
+def sampled_reward(
+    model_dir: Path, prompts: list, group_size: int, judge: Any, guided: bool = False
+) -> float:
+    """Mean reward of ``group_size`` temperature-1 samples per prompt (its own prompts);
+    ``guided``: sampled within each request's grammar regex, as guided rollouts are."""
     from training.evaluate import backend_for
     from training.grpo import generate_groups, score_completions
 
-    backend = backend_for(model_dir)
+    backend = backend_for(model_dir, guided=guided)
     backend.seed = 1234
     groups = generate_groups(backend, prompts, group_size, 1.0, prompts[0].request.max_new_tokens)
     vals = []
@@ -169,16 +172,16 @@ def sampled_reward(model_dir: Path, prompts: list, group_size: int, judge: Any) 
     return sum(vals) / len(vals)
 
 
-def _guided_examples(
+def _guided_set(
     model: str, held: list, args: argparse.Namespace, dataset: Path, set_dir: Path
-) -> list:
-    """The held-out examples with their grammar regexes, for the guided rows.
+) -> Path:
+    """A set whose requests carry their grammar regexes (for the guided rows and rollouts).
 
     A set written before sets stored ``guided_regex`` is rebuilt beside it (deterministic:
-    the same examples, checked) rather than retrained on.
+    the same held-out examples, checked) rather than retrained on.
     """
     if all(e.guided_regex for e in held):
-        return held
+        return set_dir
     from training.evaluate import heldout_examples
     from training.recipe import load_recipe
     from training.sets import build_sft_set
@@ -198,7 +201,7 @@ def _guided_examples(
     ]
     if not same:
         raise SystemExit(f"{again}: the rebuilt set differs from {set_dir}")
-    return out
+    return again
 
 
 # --------------------------------------------------------------------------- one model
@@ -300,37 +303,56 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     elif (wd / "sft_summary.json").is_file():
         res["sft"] = json.loads((wd / "sft_summary.json").read_text())
     ev("SFT", lambda: generate_outputs(backend_for(sft_dir / "model"), held))
-    guided_held = _guided_examples(model, held, args, dataset, set_dir) if args.guided else None
+    guided_set = _guided_set(model, held, args, dataset, set_dir) if args.guided else None
+    guided_held = (
+        heldout_examples(model, guided_set, limit=args.eval_episodes) if guided_set else None
+    )
     if guided_held is not None:
         ev("SFT, guided", lambda: generate_outputs(
             backend_for(sft_dir / "model", guided=True), guided_held))  # fmt: skip
 
-    # GRPO
+    # GRPO: the recipe's, and with --grpo-guided also one with grammar-guided rollouts.
     if model in ("segmenter", "captioner") and args.grpo_steps > 0:
-        gdir = wd / "grpo"
         prompts = prompts_from_examples(train)
         import random
 
         probe = random.Random(0).sample(prompts, min(args.probe_prompts, len(prompts)))
         g = recipe.grpo.group_size if recipe.grpo else 8
-        if not (gdir / "model" / "flora_model.json").is_file():
-            _log(f"{model}: GRPO ({args.grpo_steps} steps)")
-            t0 = time.perf_counter()
-            r = train_grpo(recipe, sft_dir / "model", set_dir, gdir, judge=judge,
-                           max_steps=args.grpo_steps, log_mlflow=False,
-                           progress=True)  # fmt: skip
-            (wd / "grpo_summary.json").write_text(json.dumps(
-                {"history": r.history, "seconds": time.perf_counter() - t0}, indent=2))  # fmt: skip
-        res["grpo"] = json.loads((wd / "grpo_summary.json").read_text())
-        res["own_prompts"] = _cached(wd / "own_prompts.json", lambda: {
-            "prompts": len(probe), "group_size": g,
-            "SFT": sampled_reward(sft_dir / "model", probe, g, judge),
-            "SFT+GRPO": sampled_reward(gdir / "model", probe, g, judge),
-        })  # fmt: skip
-        ev("SFT+GRPO", lambda: generate_outputs(backend_for(gdir / "model"), held))
-        if guided_held is not None:
-            ev("SFT+GRPO, guided", lambda: generate_outputs(
-                backend_for(gdir / "model", guided=True), guided_held))  # fmt: skip
+        runs = [("", False)] + ([("_guided", True)] if args.grpo_guided and guided_set else [])
+        for suffix, rollouts_guided in runs:
+            gdir = wd / f"grpo{suffix}"
+            name = "SFT+GRPO" + (" (guided rollouts)" if rollouts_guided else "")
+            gset = guided_set if rollouts_guided else set_dir
+            grec = recipe
+            if rollouts_guided and recipe.grpo is not None:
+                grec = recipe.model_copy(
+                    update={"grpo": recipe.grpo.model_copy(update={"guided": True})}
+                )
+            if not (gdir / "model" / "flora_model.json").is_file():
+                _log(f"{model}: {name} ({args.grpo_steps} steps)")
+                t0 = time.perf_counter()
+                r = train_grpo(grec, sft_dir / "model", gset, gdir, judge=judge,
+                               max_steps=args.grpo_steps, log_mlflow=False,
+                               progress=True)  # fmt: skip
+                summary = {"history": r.history, "seconds": time.perf_counter() - t0}
+                (wd / f"grpo{suffix}_summary.json").write_text(json.dumps(summary, indent=2))
+            res[f"grpo{suffix}"] = json.loads((wd / f"grpo{suffix}_summary.json").read_text())
+            gprobe = probe
+            if rollouts_guided:  # the same prompts, with their grammar regexes
+                by_id = {p.prompt_id: p for p in prompts_from_examples(
+                    [e for e in load_set(gset, split="train") if e.model == model])}  # fmt: skip
+                gprobe = [by_id[p.prompt_id] for p in probe]
+
+            def own(gp=gprobe, rg=rollouts_guided, gd=gdir) -> dict[str, Any]:
+                return {"prompts": len(gp), "group_size": g, "guided": rg,
+                        "SFT": sampled_reward(sft_dir / "model", gp, g, judge, rg),
+                        "SFT+GRPO": sampled_reward(gd / "model", gp, g, judge, rg)}  # fmt: skip
+
+            res[f"own_prompts{suffix}"] = _cached(wd / f"own_prompts{suffix}.json", own)
+            ev(name, lambda gd=gdir: generate_outputs(backend_for(gd / "model"), held))
+            if guided_held is not None:
+                ev(f"{name}, guided", lambda gd=gdir: generate_outputs(
+                    backend_for(gd / "model", guided=True), guided_held))  # fmt: skip
     return res
 
 
@@ -395,11 +417,13 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, seconds: f
         for name, v in res["variants"].items():
             cells = [_fmt(v["metrics"].get(c), v["intervals"].get(c)) for c in cols]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        if "own_prompts" in res:
-            o = res["own_prompts"]
-            lines += ["", f"GRPO on its own prompts ({o['prompts']} training prompts, "
-                      f"{o['group_size']} samples each at temperature 1): mean reward SFT "
-                      f"{o['SFT']:.3f} → SFT+GRPO {o['SFT+GRPO']:.3f}."]  # fmt: skip
+        for key, what in (("own_prompts", "GRPO"), ("own_prompts_guided", "GRPO, guided rollouts")):
+            if key in res:
+                o = res[key]
+                how = "within the grammar" if o.get("guided") else "free"
+                lines += ["", f"{what} on its own prompts ({o['prompts']} training prompts, "
+                          f"{o['group_size']} samples each at temperature 1, {how}): mean "
+                          f"reward SFT {o['SFT']:.3f} → SFT+GRPO {o['SFT+GRPO']:.3f}."]  # fmt: skip
         if "sft" in res:
             s = res["sft"]
             ev = s.get("best_eval_loss")
@@ -451,14 +475,17 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
             out.append(f"  - With grammar-guided decoding (the engine's served path) the SFT "
                        f"model parses {gp:.2f} ({'meets' if gp >= 0.95 else 'misses'} "
                        "the target there).")  # fmt: skip
-        g = v.get("SFT+GRPO")
-        if g is not None:
+        for gname, okey in (("SFT+GRPO", "own_prompts"),
+                            ("SFT+GRPO (guided rollouts)", "own_prompts_guided")):  # fmt: skip
+            g = v.get(gname)
+            if g is None:
+                continue
             key = "r_seg" if m == "segmenter" else "r_cap"
             lo, hi = sft["intervals"].get(key, [math.nan, math.nan])
             gv = g["metrics"][key]
-            o = res.get("own_prompts", {})
+            o = res.get(okey, {})
             out.append(
-                f"  - GRPO: own-prompt reward {o.get('SFT', math.nan):.3f} → "
+                f"  - {gname[4:]}: own-prompt reward {o.get('SFT', math.nan):.3f} → "
                 f"{o.get('SFT+GRPO', math.nan):.3f}; held-out {key} {sft['metrics'][key]:.3f} → "
                 f"{gv:.3f} (SFT interval [{lo:.2f}, {hi:.2f}]: "
                 f"{'within' if gv >= lo else 'BELOW'})."
@@ -522,6 +549,8 @@ def main() -> None:
                     help="Override the recipes' GRPO learning rate.")  # fmt: skip
     ap.add_argument("--guided", action="store_true",
                     help="also evaluate SFT / SFT+GRPO with grammar-guided decoding")  # fmt: skip
+    ap.add_argument("--grpo-guided", action="store_true",
+                    help="with --guided: also run GRPO with grammar-guided rollouts")  # fmt: skip
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--plot", default="learning.png", help="file name under docs/img/")
