@@ -14,7 +14,9 @@ the judge of every answer either way.
 
 Enforcement in ``flora serve``:
 
-* **regex** — a logits mask (:class:`RegexMask`) applied at every generated token: a
+* **regex** — a logits mask (:class:`RegexMask`; for a regex that is exactly
+  ``segments_regex(n)``, the segment grammar's exact guide, :func:`make_mask`) applied at
+  every generated token: a
   token is allowed only if the text so far plus that token can still be extended to a full
   match (``regex`` module partial matching); end-of-sequence only once the text fully
   matches. So greedy and sampled answers both match the regex (unless ``max_tokens`` cuts
@@ -31,6 +33,7 @@ distribution), like vLLM's ``raw_logprobs``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,16 +141,24 @@ def json_ok(text: str, schema: dict[str, Any]) -> bool:
     return True
 
 
-class RegexMask:
-    """Per-row logits mask: only tokens that keep the text a prefix of a full match.
+class PrefixMask:
+    """Per-row logits mask: only tokens that keep the text a prefix of a valid answer.
 
-    ``token_strings[i]`` is token i decoded alone (special tokens: ``None``, never allowed
-    except the end-of-sequence ids, which are allowed once the text matches in full).
-    Allowed sets are cached per text prefix.
+    ``extendable(text)``: whether ``text`` can still be completed; ``complete(text)``:
+    whether it is a whole answer. ``token_strings[i]`` is token i decoded alone (special
+    tokens: ``None``, never allowed except the end-of-sequence ids, which are allowed once
+    the text is complete). Allowed sets are cached per text prefix.
     """
 
-    def __init__(self, pattern: str, token_strings: list[str | None], eos_ids: list[int]):
-        self.pattern = compile_regex(pattern)
+    def __init__(
+        self,
+        extendable: Callable[[str], bool],
+        complete: Callable[[str], bool],
+        token_strings: list[str | None],
+        eos_ids: list[int],
+    ):
+        self.extendable = extendable
+        self.complete = complete
         self.tokens = token_strings
         self.eos_ids = list(eos_ids)
         self._cache: dict[str, list[int]] = {}
@@ -157,12 +168,8 @@ class RegexMask:
         hit = self._cache.get(prefix)
         if hit is not None:
             return hit
-        out = [
-            i
-            for i, t in enumerate(self.tokens)
-            if t and self.pattern.fullmatch(prefix + t, partial=True) is not None
-        ]
-        if self.pattern.fullmatch(prefix) is not None or not out:
+        out = [i for i, t in enumerate(self.tokens) if t and self.extendable(prefix + t)]
+        if self.complete(prefix) or not out:
             # Complete: it may stop. A dead end (nothing extends it) stops too: the strict
             # parser then judges the answer.
             out += self.eos_ids
@@ -178,6 +185,34 @@ class RegexMask:
         masked = torch.full_like(scores, float("-inf"))
         masked[keep] = scores[keep]
         return masked
+
+
+class RegexMask(PrefixMask):
+    """A :class:`PrefixMask` for a regex: ``regex`` partial matching decides extendable,
+    a full match complete."""
+
+    def __init__(self, pattern: str, token_strings: list[str | None], eos_ids: list[int]):
+        self.pattern = compile_regex(pattern)
+        super().__init__(
+            lambda t: self.pattern.fullmatch(t, partial=True) is not None,
+            lambda t: self.pattern.fullmatch(t) is not None,
+            token_strings,
+            eos_ids,
+        )
+
+
+def make_mask(pattern: str, token_strings: list[str | None], eos_ids: list[int]) -> PrefixMask:
+    """The mask for a request's regex. A regex that is exactly a Flora grammar's with an
+    exact guide (``segments_regex(n)`` → :class:`flora.segment.grammar.SegmentsGuide`,
+    which also enforces ``u < v`` and the line order) gets that guide: its answers are a
+    subset of the regex's, and all of them parse. Any other regex is enforced as is."""
+    from flora.segment.grammar import guide_for_regex
+
+    compile_regex(pattern)  # a bad pattern is a RequestError either way
+    guide = guide_for_regex(pattern)
+    if guide is not None:
+        return PrefixMask(guide.extendable, guide.complete, token_strings, eos_ids)
+    return RegexMask(pattern, token_strings, eos_ids)
 
 
 def token_strings(tokenizer: Any, vocab_size: int) -> list[str | None]:
@@ -200,10 +235,12 @@ def token_strings(tokenizer: Any, vocab_size: int) -> list[str | None]:
 __all__ = [
     "Guide",
     "JSON_RESAMPLES",
+    "PrefixMask",
     "RegexMask",
     "check_schema",
     "compile_regex",
     "guide_from_body",
     "json_ok",
+    "make_mask",
     "token_strings",
 ]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from flora.backends.base import BackendError, TokenLogprob, VLMRequest, VLMResponse
-from flora.backends.guided import RegexMask, token_strings
+from flora.backends.guided import PrefixMask, make_mask, token_strings
 from flora.backends.processing import (
     Chat,
     RequestError,
@@ -211,7 +211,7 @@ class TransformersBackend:
         self.seed = seed
         self.show_progress = show_progress
         self.guided = guided
-        self._masks: dict[str, RegexMask] = {}  # per regex: its allowed-token cache is shared
+        self._masks: dict[str, PrefixMask] = {}  # per regex: its allowed-token cache is shared
         self._vocab: list[str | None] | None = None
         local, revision = resolve_local(self.model_path)
         self.local_path = local
@@ -339,8 +339,9 @@ class TransformersBackend:
             progress.close()
         return [r if r is not None else Generation(error="not generated") for r in results]
 
-    def regex_mask(self, pattern: str) -> RegexMask:
-        """The guided-decoding mask for ``pattern`` (compiled once; at most 256 kept).
+    def regex_mask(self, pattern: str) -> PrefixMask:
+        """The guided-decoding mask for ``pattern`` (:func:`~flora.backends.guided.make_mask`:
+        compiled once, at most 256 kept).
 
         Raises :class:`RequestError` when the pattern does not compile. A few hundred
         distinct grammars at most exist in practice (one per window tick count).
@@ -351,7 +352,7 @@ class TransformersBackend:
         if mask is None:
             if len(self._masks) >= 256:
                 self._masks.pop(next(iter(self._masks)))
-            mask = self._masks[pattern] = RegexMask(pattern, self._vocab, list(self.eos_ids))
+            mask = self._masks[pattern] = make_mask(pattern, self._vocab, list(self.eos_ids))
         return mask
 
     # ---- internals ----------------------------------------------------------------------

@@ -148,3 +148,154 @@ def parse_segments(text: str, n_ticks: int) -> list[LocalSegment] | Rejection:
         prev = key
         out.append(LocalSegment(u, v, bool(lf), bool(rf)))
     return out
+
+
+# --------------------------------------------------------------------------- exact guide
+
+
+def _candidates(p: str, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Intervals of the integers in ``[lo, hi]`` whose decimal form (no leading zero)
+    starts with the digit string ``p`` (``""``: every one)."""
+    if lo > hi:
+        return []
+    if p == "":
+        return [(lo, hi)]
+    if p == "0":
+        return [(0, 0)] if lo <= 0 <= hi else []
+    if p[0] == "0":
+        return []
+    out = []
+    for extra in range(len(str(hi)) - len(p) + 1):
+        a, b = int(p + "0" * extra), int(p + "9" * extra)
+        a, b = max(a, lo), min(b, hi)
+        if a <= b:
+            out.append((a, b))
+    return out
+
+
+class SegmentsGuide:
+    """The segment grammar *exactly*, for decoding: whether a text can still be completed
+    to an answer :func:`parse_segments` accepts in canonical form (``none`` or lines
+    ``u v l r``, one space, ``0 <= u < v <= n``, the flag rules, strictly increasing lines).
+
+    Unlike :func:`segments_regex` it knows ``u < v`` and the line order, which no compact
+    regex states; a logits mask built on it (:class:`flora.backends.guided.PrefixMask`)
+    leaves the model only answers that parse. ``flora serve`` and the in-process backend
+    use it for a request whose regex is exactly ``segments_regex(n)``.
+    """
+
+    def __init__(self, n_ticks: int):
+        if n_ticks < 1:
+            raise ValueError(f"n_ticks must be >= 1, got {n_ticks}")
+        self.n = n_ticks
+        self._lines: dict[str, tuple[int, int, int, int] | None | bool] = {}
+
+    def _full(self, line: str) -> tuple[int, int, int, int] | None:
+        f = line.split(" ")
+        width = len(str(self.n))
+        if len(f) != 4 or not all(_INT.fullmatch(x) and len(x) <= width for x in f):
+            return None
+        u, v, lf, rf = (int(x) for x in f)
+        if not (0 <= u < v <= self.n) or lf > 1 or rf > 1:
+            return None
+        if (lf and u != 0) or (rf and v != self.n):
+            return None
+        return (u, v, lf, rf)
+
+    def _done(self, body: str) -> tuple[int, int, int, int] | None | bool:
+        """The last line of complete lines ``body`` (all valid, increasing); ``False`` if
+        they are not; ``None`` for no lines."""
+        if body in self._lines:
+            return self._lines[body]
+        prev: tuple[int, int, int, int] | None | bool = None
+        if body:
+            head, nl, last = body.rpartition("\n")
+            before = (self._done(head) if head else False) if nl else None
+            cur = self._full(last)
+            if before is False or cur is None or (before is not None and cur <= before):
+                prev = False
+            else:
+                prev = cur
+        self._lines[body] = prev
+        return prev
+
+    def _tail(self, k: tuple[int, ...], prev: tuple[int, int, int, int]) -> bool:
+        """Whether a line starting with the fields ``k`` can end above ``prev``."""
+        n = self.n
+        # Largest completion of the remaining fields; lines compare lexicographically.
+        best = list(k)
+        if len(best) < 2:
+            best = [best[0], n] if best else [0, n]
+        if len(best) < 3:
+            best.append(1 if best[0] == 0 else 0)
+        if len(best) < 4:
+            best.append(1 if best[1] == n else 0)
+        return tuple(best) > prev
+
+    def extendable(self, text: str) -> bool:
+        """Whether ``text`` is a prefix of a valid canonical answer."""
+        if NONE_TOKEN.startswith(text):
+            return True
+        head, nl, last = text.rpartition("\n")
+        prev = (self._done(head) if head else False) if nl else None
+        if prev is False:
+            return False
+        fields = last.split(" ")
+        width = len(str(self.n))
+        if len(fields) > 4 or any(len(x) > width for x in fields):
+            return False
+        if not all(_INT.fullmatch(x) for x in fields[:-1]):
+            return False
+        p = fields[-1]
+        if p and not p.isdigit():
+            return False
+        done = [int(x) for x in fields[:-1]]
+        # Each finished field must be valid; the partial one must have a valid completion.
+        for i, x in enumerate(done):
+            if not self._field_ok(i, done[:i], x, prev):
+                return False
+        lo, hi = self._range(len(done), done)
+        # The largest value of each interval decides: fields compare lexicographically
+        # against the previous line, so if its largest value cannot follow, none can.
+        return any(self._field_ok(len(done), done, b, prev) for _, b in _candidates(p, lo, hi))
+
+    def _range(self, i: int, done: list[int]) -> tuple[int, int]:
+        n = self.n
+        if i == 0:
+            return 0, n - 1
+        if i == 1:
+            return done[0] + 1, n
+        if i == 2:
+            return 0, 1 if done[0] == 0 else 0
+        return 0, 1 if done[1] == n else 0
+
+    def _field_ok(self, i: int, before: list[int], x: int, prev: tuple | None | bool) -> bool:
+        lo, hi = self._range(i, before)
+        if not lo <= x <= hi:
+            return False
+        if i == 1 and x <= before[0]:
+            return False
+        if not prev:
+            return True
+        k = (*before, x)
+        head = tuple(prev[: len(k)])
+        if k != head:
+            return k > head
+        return self._tail(k, prev) if len(k) < 4 else False
+
+    def complete(self, text: str) -> bool:
+        """Whether ``text`` is a whole valid canonical answer."""
+        if text == NONE_TOKEN:
+            return True
+        if not text or text.endswith("\n"):
+            return False
+        return self._done(text) not in (None, False)
+
+
+def guide_for_regex(pattern: str) -> SegmentsGuide | None:
+    """The exact guide of a pattern that is exactly ``segments_regex(n)``, else ``None``."""
+    m = re.search(r"\|0 ([1-9][0-9]*) 1 1\|", pattern)
+    if m is None or len(m.group(1)) > 6:
+        return None
+    n = int(m.group(1))
+    return SegmentsGuide(n) if segments_regex(n) == pattern else None

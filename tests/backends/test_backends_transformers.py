@@ -267,7 +267,8 @@ def test_guided_backend_answers_within_the_request_grammar(tiny_model, tiny_back
     the same random model unguided breaks the grammar, so the mask is what holds it."""
     import regex
 
-    from flora.segment.grammar import segments_regex
+    from flora.parsing import Rejection
+    from flora.segment.grammar import SegmentsGuide, parse_segments, segments_regex
 
     pattern = segments_regex(40)
     reqs = [
@@ -279,8 +280,12 @@ def test_guided_backend_answers_within_the_request_grammar(tiny_model, tiny_back
     guided = TransformersBackend(tiny_model, device="cpu", batch_size=4, guided=True)
     out = guided.generate(reqs)
     assert all(r.ok for r in out)
+    guide = SegmentsGuide(40)  # the segment regex gets its exact guide (order included)
     for r in out[:3]:
         assert regex.fullmatch(pattern, r.text, partial=True), r.text
+        assert guide.extendable(r.text), r.text
+        if guide.complete(r.text):
+            assert not isinstance(parse_segments(r.text, 40), Rejection)
     assert out[3].text == tiny_backend.generate(reqs[3:])[0].text  # no regex: untouched
     free = tiny_backend.generate(reqs[:3])
     assert not any(regex.fullmatch(pattern, r.text, partial=True) for r in free)

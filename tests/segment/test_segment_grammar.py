@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from flora.parsing import Rejection
 from flora.segment import LocalSegment, parse_segments, render_segments
-from flora.segment.grammar import REASONS, segments_regex
+from flora.segment.grammar import REASONS, SegmentsGuide, guide_for_regex, segments_regex
 
 
 def test_render_and_parse_example() -> None:
@@ -174,3 +174,58 @@ def test_guided_regex_refuses_range_and_flag_violations(n: int, text: str) -> No
 
     assert regex.fullmatch(segments_regex(n), text) is None
     assert isinstance(parse_segments(text, n), Rejection)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(window_output())
+def test_exact_guide_admits_every_prefix_of_a_rendered_answer(
+    case: tuple[list[LocalSegment], int],
+) -> None:
+    segs, n = case
+    text, guide = render_segments(segs), SegmentsGuide(n)
+    assert all(guide.extendable(text[:i]) for i in range(len(text) + 1))
+    assert guide.complete(text)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(free_lines())
+def test_exact_guide_completes_exactly_the_canonical_answers(case: tuple[str, int]) -> None:
+    text, n = case
+    parsed = parse_segments(text, n)
+    canonical = not isinstance(parsed, Rejection) and render_segments(parsed) == text
+    assert SegmentsGuide(n).complete(text) == canonical
+    if not canonical:  # nothing invalid is a whole answer, whatever the reason
+        assert not SegmentsGuide(n).complete(text)
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(st.integers(1, 700), st.randoms(use_true_random=False))
+def test_decoding_within_the_exact_guide_never_dead_ends_and_always_parses(n, rnd) -> None:
+    """What a mask built on the guide does to any model: every step has a way on, and
+    whatever it stops on parses — order and sorting included, which the regex leaves out."""
+    guide, text, alphabet = SegmentsGuide(n), "", list("0123456789 \nnoe")
+    for _ in range(400):
+        options = [c for c in alphabet if guide.extendable(text + c)]
+        if guide.complete(text) and (not options or rnd.random() < 0.05):
+            break
+        assert options, text
+        text += rnd.choice(options)
+    else:
+        return  # still going after 400 characters: nothing to judge
+    parsed = parse_segments(text, n)
+    assert not isinstance(parsed, Rejection), (text, parsed)
+    assert render_segments(parsed) == text
+
+
+def test_exact_guide_is_chosen_only_for_the_segment_regex_itself() -> None:
+    assert guide_for_regex(segments_regex(320)).n == 320
+    assert guide_for_regex(segments_regex(7)).n == 7
+    assert guide_for_regex(segments_regex(320).replace("320", "321")) is None
+    assert guide_for_regex("score: [1-5]") is None
+    g = SegmentsGuide(320)
+    assert not g.extendable("5 40 0 0\n4 ")  # a second line below the first
+    assert not g.extendable("5 40 0 0\n5 39 ")
+    assert g.extendable("5 40 0 0\n5 3")  # 5 3xx still can
+    assert g.extendable("40 4")  # 4x or 4xx can still end above 40
+    assert g.extendable("40 3") and not g.extendable("40 33")  # 3 and 30x fit, 33x does not
+    assert not g.extendable("40 39 ")  # 39 < 40 is finished: no way on
