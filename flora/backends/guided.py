@@ -40,6 +40,8 @@ from typing import Any
 from flora.backends.processing import RequestError
 
 JSON_RESAMPLES = 2
+#: Prefixes whose allowed-token lists a mask keeps before starting afresh.
+MASK_CACHE = 50_000
 MAX_PATTERN_CHARS = 100_000
 
 
@@ -168,6 +170,8 @@ class PrefixMask:
         hit = self._cache.get(prefix)
         if hit is not None:
             return hit
+        if len(self._cache) > MASK_CACHE:  # a long-running server: bounded memory
+            self._cache.clear()
         out = [i for i, t in enumerate(self.tokens) if t and self.extendable(prefix + t)]
         if self.complete(prefix) or not out:
             # Complete: it may stop. A dead end (nothing extends it) stops too: the strict

@@ -152,6 +152,8 @@ def parse_segments(text: str, n_ticks: int) -> list[LocalSegment] | Rejection:
 
 # --------------------------------------------------------------------------- exact guide
 
+_GUIDE_CACHE = 200_000  # checked-line prefixes kept per guide before starting afresh
+
 
 def _candidates(p: str, lo: int, hi: int) -> list[tuple[int, int]]:
     """Intervals of the integers in ``[lo, hi]`` whose decimal form (no leading zero)
@@ -207,6 +209,8 @@ class SegmentsGuide:
         they are not; ``None`` for no lines."""
         if body in self._lines:
             return self._lines[body]
+        if len(self._lines) > _GUIDE_CACHE:  # a long-running server: bounded memory
+            self._lines.clear()
         prev: tuple[int, int, int, int] | None | bool = None
         if body:
             head, nl, last = body.rpartition("\n")

@@ -444,3 +444,22 @@ def test_video_only_for_clips_whose_times_survive_index_over_fps(times, video):
     assert (kinds[0] == "video_url") == video
     if not video:  # stamped images carry the exact times as text
         assert body["messages"][0]["content"][0]["text"] == f"<{times[0] / 1e6:.2f} seconds>"
+
+
+def test_mask_caches_are_bounded(monkeypatch):
+    """A long-running server sees endless prefixes: the caches start afresh, answers do not
+    change."""
+    from flora.backends import guided
+    from flora.segment import grammar
+
+    monkeypatch.setattr(guided, "MASK_CACHE", 3)
+    monkeypatch.setattr(grammar, "_GUIDE_CACHE", 3)
+    mask = guided.RegexMask("[ab]*", ["a", "b", None], [2])
+    for p in ["", "a", "b", "aa", "ab", "ba", "bb"]:
+        assert mask.allowed(p) == [0, 1, 2]
+        assert len(mask._cache) <= 4
+    guide = grammar.SegmentsGuide(40)
+    lines = [f"{u} {u + 1} 0 0" for u in range(10)]
+    for k in range(1, 11):
+        assert guide.complete("\n".join(lines[:k]))
+        assert len(guide._lines) <= 4 + k  # one recursion may refill before the next check
