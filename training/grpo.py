@@ -268,8 +268,7 @@ class LivePolicyBackend:
         inner.batch_size = batch_size
         inner.seed = None
         inner.show_progress = False
-        inner.guided = guided
-        inner._masks, inner._vocab = {}, None
+        inner.set_guided(guided)
         tok = processor.tokenizer
         eos = [tok.convert_tokens_to_ids(END)]
         gc = getattr(model, "generation_config", None)

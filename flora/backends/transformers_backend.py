@@ -176,8 +176,8 @@ class TransformersBackend:
     into the weights after loading unless ``merge_adapter=False``). ``vision_input``:
     ``"auto"`` (video with timestamps when the processor supports it and the request has
     timestamps, else stamped images), ``"images"`` or ``"video"``. ``guided``: enforce each
-    request's grammar regex (``VLMRequest.guided_regex``) token by token with the same
-    :class:`~flora.backends.guided.RegexMask` ``flora serve`` applies, so in-process answers
+    request's grammar regex (``VLMRequest.guided_regex``) token by token with the same mask
+    ``flora serve`` applies (:func:`~flora.backends.guided.make_mask`), so in-process answers
     are decoded exactly as served ones (``FLORA_GUIDED``; docs/backends.md).
     """
 
@@ -210,9 +210,7 @@ class TransformersBackend:
         self.batch_size = batch_size
         self.seed = seed
         self.show_progress = show_progress
-        self.guided = guided
-        self._masks: dict[str, PrefixMask] = {}  # per regex: its allowed-token cache is shared
-        self._vocab: list[str | None] | None = None
+        self.set_guided(guided)
         local, revision = resolve_local(self.model_path)
         self.local_path = local
         self.processor = load_processor(local, vision_input)
@@ -338,6 +336,12 @@ class TransformersBackend:
         if progress is not None:
             progress.close()
         return [r if r is not None else Generation(error="not generated") for r in results]
+
+    def set_guided(self, guided: bool) -> None:
+        """Turn in-process guided decoding on or off (and start its mask cache afresh)."""
+        self.guided = guided
+        self._masks: dict[str, PrefixMask] = {}  # per regex: its allowed-token cache is shared
+        self._vocab: list[str | None] | None = None
 
     def regex_mask(self, pattern: str) -> PrefixMask:
         """The guided-decoding mask for ``pattern`` (:func:`~flora.backends.guided.make_mask`:

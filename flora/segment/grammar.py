@@ -229,7 +229,7 @@ class SegmentsGuide:
         # Largest completion of the remaining fields; lines compare lexicographically.
         best = list(k)
         if len(best) < 2:
-            best = [best[0], n] if best else [0, n]
+            best.append(n)
         if len(best) < 3:
             best.append(1 if best[0] == 0 else 0)
         if len(best) < 4:
@@ -275,9 +275,7 @@ class SegmentsGuide:
 
     def _field_ok(self, i: int, before: list[int], x: int, prev: tuple | None | bool) -> bool:
         lo, hi = self._range(i, before)
-        if not lo <= x <= hi:
-            return False
-        if i == 1 and x <= before[0]:
+        if not lo <= x <= hi:  # the range already holds u < v and the flag rules
             return False
         if not prev:
             return True

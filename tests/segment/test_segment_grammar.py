@@ -194,8 +194,6 @@ def test_exact_guide_completes_exactly_the_canonical_answers(case: tuple[str, in
     parsed = parse_segments(text, n)
     canonical = not isinstance(parsed, Rejection) and render_segments(parsed) == text
     assert SegmentsGuide(n).complete(text) == canonical
-    if not canonical:  # nothing invalid is a whole answer, whatever the reason
-        assert not SegmentsGuide(n).complete(text)
 
 
 @settings(max_examples=150, derandomize=True, deadline=None)
