@@ -1,14 +1,17 @@
-"""Free vs grammar-guided decoding of one segmenter SFT checkpoint on held-out windows.
+"""Free vs grammar-guided decoding of one trained Flora model on held-out set items.
 
+    # a segmenter SFT checkpoint (its LoRA weights), running or cut
     python benchmarks/guided_decoding.py --checkpoint RUN/sft/checkpoints/step800 \
         --set RUN/set --out /tmp/guided --episodes 10
+    # an exported model (full weights or adapter), e.g. the released small rewarder
+    python benchmarks/guided_decoding.py --model rewarder \
+        --model-dir models/small/rewarder --set SET --out /tmp/guided-rew --episodes 10
 
-Takes a DeepSpeed checkpoint of a running (or cut) segmenter SFT — its LoRA weights —
-and answers the set's held-out windows twice with the in-process backend: free, and
-within each request's grammar regex (``TransformersBackend(guided=True)``, what
-``flora serve`` and a vLLM pod with structured outputs apply). Prints and writes the
-metrics with 95 % intervals and the parser's rejection codes; ``docs/benchmarks.md``
-("Guided decoding and the small segmenter") holds the results. The set must carry
+Answers the set's held-out items twice with the in-process backend: free, and within
+each request's grammar (``TransformersBackend(guided=True)``: the grammar's exact guide
+where it has one — segments, dense — else its regex; what ``flora serve`` applies).
+Prints and writes the metrics with 95 % intervals and the parser's rejection reasons;
+``docs/benchmarks.md`` ("Guided decoding …") holds the results. The set must carry
 ``guided_regex`` (sets built since that column exist have it).
 """
 
@@ -17,42 +20,27 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import time
 from pathlib import Path
 
 import torch
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", type=Path, required=True, help="a step* checkpoint dir")
-    ap.add_argument("--set", type=Path, required=True, help="the segmenter set it trained on")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--recipe", default="segmenter-small")
-    ap.add_argument("--episodes", type=int, default=10, help="held-out episodes evaluated")
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-
+def _lora_from_checkpoint(checkpoint: Path, recipe_name: str, out: Path) -> tuple[Path, Path]:
+    """The base and a PEFT adapter dir holding a DeepSpeed checkpoint's LoRA weights."""
     from transformers import AutoModelForImageTextToText
 
-    from flora.backends.transformers_backend import TransformersBackend
-    from flora.parsing import Rejection
-    from flora.segment.grammar import parse_segments
-    from training.evaluate import generate_outputs, heldout_examples, score_outputs
     from training.recipe import load_recipe
     from training.sft import apply_trainable
     from training.sizes import resolve_base
 
-    recipe = load_recipe(args.recipe)
-    held = heldout_examples("segmenter", args.set, limit=args.episodes)
-    if not all(e.guided_regex for e in held):
-        raise SystemExit(f"{args.set}: built before sets stored guided_regex; rebuild it")
+    recipe = load_recipe(recipe_name)
     base = resolve_base(recipe.base, seed=recipe.base_seed, max_pixels=recipe.max_pixels)
-    adapter = args.out / "adapter"
+    adapter = out / "adapter"
     if not (adapter / "adapter_config.json").is_file():
         model, _ = apply_trainable(AutoModelForImageTextToText.from_pretrained(str(base)), recipe)
-        states = args.checkpoint / "mp_rank_00_model_states.pt"
+        states = checkpoint / "mp_rank_00_model_states.pt"
         sd = torch.load(states, map_location="cpu", weights_only=False)["module"]
         missing, unexpected = model.load_state_dict(sd, strict=False)
         lora_missing = [k for k in missing if "lora_" in k]
@@ -60,24 +48,65 @@ def main() -> None:
             bad = (unexpected + lora_missing)[:3]
             raise SystemExit(f"{states}: not this recipe's LoRA ({bad})")
         model.save_pretrained(adapter)
+    return base, adapter
+
+
+def _reason_code(reason: str) -> str:
+    """A rejection reason without its numbers and quoted text: the failure's kind."""
+    code = re.sub(r"'[^']*'|\"[^\"]*\"", "…", reason)
+    return re.sub(r"\d+", "N", code)[:70]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="segmenter", choices=("segmenter", "captioner", "rewarder"))
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", type=Path, help="a segmenter SFT step* checkpoint dir")
+    src.add_argument("--model-dir", type=Path, help="an exported Flora model dir")
+    ap.add_argument("--set", type=Path, required=True, help="the model's set (held-out split)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--recipe", default=None, help="default: <model>-small (checkpoint only)")
+    ap.add_argument("--episodes", type=int, default=10, help="held-out episodes evaluated")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from flora.backends.transformers_backend import TransformersBackend
+    from training.evaluate import backend_for, generate_outputs, heldout_examples, score_outputs
+
+    held = heldout_examples(args.model, args.set, limit=args.episodes)
+    if not all(e.guided_regex for e in held):
+        raise SystemExit(f"{args.set}: built before sets stored guided_regex; rebuild it")
+    if args.checkpoint is not None:
+        if args.model != "segmenter":
+            raise SystemExit("--checkpoint reads a LoRA checkpoint: segmenter only")
+        base, adapter = _lora_from_checkpoint(
+            args.checkpoint, args.recipe or f"{args.model}-small", args.out
+        )
     res: dict[str, dict] = {}
     for guided in (False, True):
         t0 = time.perf_counter()
-        backend = TransformersBackend(base, adapter_path=adapter, device="cpu", batch_size=8,
-                                      vision_input="images", guided=guided)  # fmt: skip
+        if args.checkpoint is not None:
+            backend = TransformersBackend(base, adapter_path=adapter, device="cpu", batch_size=8,
+                                          vision_input="images", guided=guided)  # fmt: skip
+        else:
+            backend = backend_for(args.model_dir, guided=guided)
         outs = generate_outputs(backend, held)
-        scored = score_outputs("segmenter", held, outs, n_boot=1000)
+        scored = score_outputs(args.model, held, outs, n_boot=1000)
+        items = scored.items
+        kinds = items["task_kind"] if "task_kind" in items else ["all"] * len(items)
         codes: collections.Counter[str] = collections.Counter()
-        for ex, text in zip(held, outs.text, strict=True):
-            p = parse_segments(text, ex.reference_obj()["n_ticks"])
-            codes[p.reason.split(":")[0] if isinstance(p, Rejection) else "parsed"] += 1
+        for kind, ok, why in zip(kinds, items["parsed"], items["reason"], strict=True):
+            codes[f"{kind}: " + ("parsed" if ok else _reason_code(str(why)))] += 1
         key = "guided" if guided else "free"
         res[key] = {"metrics": scored.metrics,
                     "intervals": {k: list(v) for k, v in scored.intervals.items()},
                     "codes": dict(codes), "seconds": time.perf_counter() - t0}  # fmt: skip
         print(key, json.dumps(res[key]), flush=True)
+    source = str(args.checkpoint or args.model_dir)
     (args.out / "result.json").write_text(
-        json.dumps({"checkpoint": str(args.checkpoint), **res}, indent=2)
+        json.dumps({"model": args.model, "source": source, **res}, indent=2)
     )
 
 

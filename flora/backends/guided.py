@@ -14,9 +14,9 @@ the judge of every answer either way.
 
 Enforcement in ``flora serve``:
 
-* **regex** — a logits mask (:class:`RegexMask`; for a regex that is exactly
-  ``segments_regex(n)``, the segment grammar's exact guide, :func:`make_mask`) applied at
-  every generated token: a
+* **regex** — a logits mask (:class:`RegexMask`; for a regex that is exactly a Flora
+  grammar's with an exact guide — ``segments_regex(n)``, ``dense_regex()`` — that guide,
+  :func:`exact_guide`) applied at every generated token: a
   token is allowed only if the text so far plus that token can still be extended to a full
   match (``regex`` module partial matching); end-of-sequence only once the text fully
   matches. So greedy and sampled answers both match the regex (unless ``max_tokens`` cuts
@@ -32,6 +32,7 @@ distribution), like vLLM's ``raw_logprobs``.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -205,15 +206,39 @@ class RegexMask(PrefixMask):
         )
 
 
-def make_mask(pattern: str, token_strings: list[str | None], eos_ids: list[int]) -> PrefixMask:
-    """The mask for a request's regex. A regex that is exactly a Flora grammar's with an
-    exact guide (``segments_regex(n)`` → :class:`flora.segment.grammar.SegmentsGuide`,
-    which also enforces ``u < v`` and the line order) gets that guide: its answers are a
-    subset of the regex's, and all of them parse. Any other regex is enforced as is."""
+def exact_guide(pattern: str) -> Any | None:
+    """The exact guide of a Flora grammar whose regex is ``pattern`` — ``segments_regex(n)``
+    → :class:`flora.segment.grammar.SegmentsGuide` (adds ``u < v`` and the line order),
+    ``dense_regex()`` → :class:`flora.reward.dense.DenseGuide` (adds the declared worst
+    level) — or ``None`` for any other pattern. Its answers are a subset of the regex's,
+    and all of them parse."""
     from flora.segment.grammar import guide_for_regex
 
-    compile_regex(pattern)  # a bad pattern is a RequestError either way
     guide = guide_for_regex(pattern)
+    if guide is None and pattern == _dense_regex():
+        guide = _dense_guide()
+    return guide
+
+
+@functools.cache
+def _dense_regex() -> str:
+    from flora.reward.dense import dense_regex
+
+    return dense_regex()
+
+
+@functools.cache
+def _dense_guide() -> Any:
+    from flora.reward.dense import DenseGuide
+
+    return DenseGuide()  # stateless: one compiled regex shared by every mask
+
+
+def make_mask(pattern: str, token_strings: list[str | None], eos_ids: list[int]) -> PrefixMask:
+    """The mask for a request's regex: a Flora grammar's exact guide where there is one
+    (:func:`exact_guide`), else the regex enforced as is (:class:`RegexMask`)."""
+    compile_regex(pattern)  # a bad pattern is a RequestError either way
+    guide = exact_guide(pattern)
     if guide is not None:
         return PrefixMask(guide.extendable, guide.complete, token_strings, eos_ids)
     return RegexMask(pattern, token_strings, eos_ids)
@@ -243,6 +268,7 @@ __all__ = [
     "RegexMask",
     "check_schema",
     "compile_regex",
+    "exact_guide",
     "guide_from_body",
     "json_ok",
     "make_mask",

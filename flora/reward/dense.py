@@ -237,6 +237,48 @@ def parse_dense(text: str) -> DenseOutput | Rejection:
     return DenseOutput(worst, tuple(labels), tuple(reasons))
 
 
+_DECLARED = re.compile(r"worst: ([123])")
+_GROUP_LABEL = re.compile(r"\n[0-9]+: ([123])")
+
+
+class DenseGuide:
+    """The dense grammar *exactly*, for decoding: whether a text can still be completed to
+    an answer :func:`parse_dense` accepts, in :func:`dense_regex`'s layout.
+
+    :func:`dense_regex` fixes the layout, the group order and where reasons go; this guide
+    adds what the regex leaves to the parser: every label is at least the declared worst
+    level and one of them equals it (a window that declares a failure labels one). A logits
+    mask built on it (:class:`flora.backends.guided.PrefixMask`) leaves the model only
+    answers that parse; ``flora serve`` and the in-process backend use it for a request
+    whose regex is exactly ``dense_regex()``.
+    """
+
+    def __init__(self) -> None:
+        import regex
+
+        self._rx = regex.compile(dense_regex())
+
+    @staticmethod
+    def _labels_fit(text: str) -> bool:
+        declared = _DECLARED.match(text)
+        if declared is None:
+            return True
+        worst = int(declared.group(1))
+        labels = [int(x) for x in _GROUP_LABEL.findall(text)]
+        if any(lab < worst for lab in labels):
+            return False
+        # The last group is the last chance to label the declared level.
+        return len(labels) < DENSE_GROUPS or worst in labels
+
+    def extendable(self, text: str) -> bool:
+        """Whether ``text`` is a prefix of a valid answer."""
+        return self._rx.fullmatch(text, partial=True) is not None and self._labels_fit(text)
+
+    def complete(self, text: str) -> bool:
+        """Whether ``text`` is a whole valid answer."""
+        return self._rx.fullmatch(text) is not None and self._labels_fit(text)
+
+
 # --------------------------------------------------------------------------- stitching
 
 

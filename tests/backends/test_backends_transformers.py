@@ -290,6 +290,11 @@ def test_guided_backend_answers_within_the_request_grammar(tiny_model, tiny_back
     free = tiny_backend.generate(reqs[:3])
     assert not any(regex.fullmatch(pattern, r.text, partial=True) for r in free)
     assert guided.regex_mask(pattern) is guided.regex_mask(pattern)  # compiled once
+    # The dense regex gets its exact guide too: a label below the declared worst is out.
+    from flora.reward.dense import dense_regex
+
+    dense = guided.regex_mask(dense_regex())
+    assert dense.extendable("worst: 3\n1: 3") and not dense.extendable("worst: 3\n1: 2")
 
 
 def test_guided_rollouts_of_the_live_policy(tiny_backend):

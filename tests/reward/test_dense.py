@@ -12,8 +12,10 @@ from flora.parsing import Rejection
 from flora.reward.dense import (
     DENSE_GROUPS,
     DenseError,
+    DenseGuide,
     DenseOutput,
     DenseWindow,
+    dense_regex,
     group_times,
     parse_dense,
     plan_windows,
@@ -170,6 +172,60 @@ def test_dense_rejects_order_and_format_errors():
     bad = lines.copy()
     bad[7] = "seven: 3"
     _rej("\n".join(bad), "malformed")
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(
+    st.lists(st.sampled_from([1, 2, 3, 3, 3]), min_size=DENSE_GROUPS, max_size=DENSE_GROUPS),
+    st.text(alphabet="abc xyz.,", min_size=1, max_size=20).map(str.strip).filter(bool),
+)
+def test_exact_guide_admits_every_prefix_of_a_rendered_answer(labels, why):
+    text = render_dense(labels, ["" if x == 3 else why for x in labels])
+    guide = DenseGuide()
+    assert all(guide.extendable(text[:i]) for i in range(len(text) + 1))
+    assert guide.complete(text) and not guide.complete(text + "\n")
+
+
+def test_exact_guide_refuses_what_only_the_parser_caught():
+    import regex
+
+    guide = DenseGuide()
+    normal = [f"{g}: 3" for g in range(1, DENSE_GROUPS + 1)]
+    # A label below the declared worst level: the regex lets it through.
+    assert regex.fullmatch(dense_regex(), "worst: 3\n1: 2 | slow", partial=True)
+    assert not guide.extendable("worst: 3\n1: 2")
+    # The declared level never labelled: the last group is its last chance.
+    head = "worst: 2\n" + "\n".join(normal[:-1]) + "\n32: "
+    assert guide.extendable(head + "2") and not guide.extendable(head + "3")
+    assert not guide.complete("worst: 2\n" + "\n".join(normal))
+    assert guide.complete("worst: 3\n" + "\n".join(normal))
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_decoding_within_the_exact_guide_never_dead_ends_and_always_parses(rnd):
+    """What a mask built on the guide does to any model: every step has a way on, and
+    whatever it stops on parses — the declared worst level included."""
+    guide, text, alphabet = DenseGuide(), "", list("0123456789 :|\nworstab")
+    for _ in range(6000):
+        options = [c for c in alphabet if guide.extendable(text + c)]
+        if guide.complete(text):
+            break
+        assert options, text
+        # Lean to ending lines so that reasons stay short and the walk reaches group 32.
+        text += "\n" if "\n" in options and rnd.random() < 0.3 else rnd.choice(options)
+    else:
+        raise AssertionError(f"no answer after 6000 characters: {text[-200:]!r}")
+    parsed = parse_dense(text)
+    assert isinstance(parsed, DenseOutput), (text, parsed)
+    assert len(text.splitlines()) == DENSE_GROUPS + 1
+
+
+def test_exact_guide_is_chosen_for_the_dense_regex_itself():
+    from flora.backends.guided import exact_guide
+
+    assert isinstance(exact_guide(dense_regex()), DenseGuide)
+    assert exact_guide(dense_regex().replace("worst: [123]", "worst: [12]")) is None
 
 
 def test_render_dense_refuses_bad_targets():
