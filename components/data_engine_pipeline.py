@@ -47,6 +47,10 @@ PIPELINE_YAML = Path(__file__).with_suffix(".yaml")
 #: caching off (a dataset can change under the same path), the shared PVC, the
 #: pipeline-env ConfigMap and the object-store Secret (:mod:`components.platform`).
 CPU_TASK = {"cpu": "2", "memory": "4G"}
+#: Retries of every task but the two that open and close the MLflow parent run (a retried
+#: ``open_run_op`` would open a second parent), as the Airflow DAG's: a retried pod starts
+#: from empty output artifacts, so it cannot duplicate rows.
+RETRIES = 2
 
 
 @dsl.pipeline(
@@ -89,10 +93,9 @@ def data_engine_pipeline(
     # The exit handler closes the MLflow parent run whatever happens inside: FAILED when
     # any task failed (KFP's final state of the group, and every child run's status).
     finalize = on_cluster(finalize_op(job_id=job_id), resources=CPU_TASK)
+    light, heavy = {"resources": CPU_TASK, "retries": RETRIES}, {"gpu": True, "retries": RETRIES}
     with dsl.ExitHandler(finalize, name="data-engine"):
-        ingest = on_cluster(
-            ingest_op(dataset_path=dataset_path, mlflow_run_id=run_id), resources=CPU_TASK
-        )
+        ingest = on_cluster(ingest_op(dataset_path=dataset_path, mlflow_run_id=run_id), **light)
         validate = on_cluster(
             validate_op(
                 dataset_path=dataset_path,
@@ -100,25 +103,25 @@ def data_engine_pipeline(
                 manifest=ingest.outputs["manifest"],
                 strict=strict,
             ),
-            resources=CPU_TASK,
+            **light,
         )
         valid = validate.outputs["valid_episodes"]
         plan = plan_op(valid_episodes=valid, shards=shards, vlm_max_episodes=vlm_max_episodes)
-        on_cluster(plan, resources=CPU_TASK)
+        on_cluster(plan, **light)
         # Each iteration takes its episodes from its shard (the loop item), never from
         # another task's output: kfp.local (2.17) hands a loop body the loop item in place
         # of every task-output parameter it gets.
         with dsl.ParallelFor(plan.output, name="shard") as shard:
             common = {"dataset_path": dataset_path, "mlflow_run_id": run_id, "shard": shard}
-            segment = on_cluster(segment_op(**common), gpu=True)
+            segment = on_cluster(segment_op(**common), **heavy)
             caption = on_cluster(
-                caption_op(events=segment.outputs["events"], **common, **vlm), gpu=True
+                caption_op(events=segment.outputs["events"], **common, **vlm), **heavy
             )
             rewards = {}
             for mode in REWARD_MODES:
                 t = reward_op(mode=mode, rubric=rubric, **common, **vlm)
                 t.set_display_name(f"reward-{mode}")
-                rewards[mode] = on_cluster(t, gpu=True).after(caption)
+                rewards[mode] = on_cluster(t, **heavy).after(caption)
         collected = {"segment": segment.outputs, "caption": caption.outputs} | {
             m: rewards[m].outputs for m in REWARD_MODES}  # fmt: skip
         summary = summary_op(
@@ -130,7 +133,7 @@ def data_engine_pipeline(
             **{f"{m}_shards": dsl.Collected(rewards[m].outputs["table"]) for m in REWARD_MODES},
             **{f"{k}_reports": dsl.Collected(o["report"]) for k, o in collected.items()},
         )
-        on_cluster(summary, resources=CPU_TASK)
+        on_cluster(summary, **light)
         tables = {
             "events": summary.outputs["events"],
             "captions": summary.outputs["captions"],
@@ -146,7 +149,7 @@ def data_engine_pipeline(
             dvc_repo=dvc_repo,
             **tables,
         )
-        on_cluster(curate, resources=CPU_TASK)
+        on_cluster(curate, **light)
         mixture = curate.outputs["mixture"]
         export = export_op(
             dataset_path=dataset_path,
@@ -155,7 +158,7 @@ def data_engine_pipeline(
             mixture=mixture,
             **tables,
         )
-        on_cluster(export, resources=CPU_TASK)
+        on_cluster(export, **light)
         report = report_op(
             dataset_path=dataset_path,
             mlflow_run_id=run_id,
@@ -165,7 +168,7 @@ def data_engine_pipeline(
             mixture=mixture,
             **tables,
         )
-        on_cluster(report, resources=CPU_TASK)
+        on_cluster(report, **light)
 
 
 def compile_pipeline(path: str | Path = PIPELINE_YAML) -> Path:

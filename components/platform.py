@@ -40,6 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 PIPELINE_ENV_MANIFEST = REPO / "infra" / "base" / "platform" / "pipeline-env.yaml"
 #: Limits of a CPU task (light steps: ingest, validate, summary, build set, register ...).
 CPU_TASK = {"cpu": "2", "memory": "8G"}
+#: First wait before a failed task's retry (KFP doubles it on each further try).
+RETRY_BACKOFF = "30s"
 
 
 def pipeline_env_keys(manifest: Path = PIPELINE_ENV_MANIFEST) -> list[str]:
@@ -53,17 +55,22 @@ def on_cluster(
     *,
     gpu: bool = False,
     resources: dict[str, str] | None = None,
+    retries: int = 0,
     settings: FloraSettings | None = None,
 ) -> dsl.PipelineTask:
     """Give ``task`` the shared volume, environment, credentials, labels and limits.
 
     ``gpu``: a heavy step (segment, caption, rewards, training, evaluation): CUDA image,
     accelerator, GPU limits, node selector and tolerations from settings. ``resources``:
-    ``{"cpu", "memory"}`` limits of a CPU task (default :data:`CPU_TASK`). Caching is off:
-    datasets, tables, sets and registry state change under the same inputs.
+    ``{"cpu", "memory"}`` limits of a CPU task (default :data:`CPU_TASK`). ``retries``:
+    how often KFP reruns the task after a failure (a lost node, an evicted pod),
+    :data:`RETRY_BACKOFF` apart, doubling — as the matching Airflow DAG retries its tasks.
+    Caching is off: datasets, tables, sets and registry state change under the same inputs.
     """
     s = settings or get_settings()
     task.set_caching_options(False)
+    if retries:
+        task.set_retry(num_retries=retries, backoff_duration=RETRY_BACKOFF)
     kubernetes.mount_pvc(task, pvc_name=s.shared_pvc, mount_path=str(s.shared_mount))
     kubernetes.use_config_map_as_env(
         task, config_map_name=s.pod_config_map,
@@ -103,6 +110,7 @@ __all__ = [
     "CPU_TASK",
     "PIPELINE_ENV_MANIFEST",
     "POD_LABELS",
+    "RETRY_BACKOFF",
     "on_cluster",
     "pipeline_env_keys",
 ]

@@ -29,6 +29,9 @@ from components.platform import on_cluster
 FLORA_IMAGE = os.environ.get("FLORA_IMAGE", "ghcr.io/flora-robotics/flora:cpu")
 FLORA_CUDA_IMAGE = os.environ.get("FLORA_CUDA_IMAGE", "ghcr.io/flora-robotics/flora:cuda")
 PIPELINE_YAML = Path(__file__).with_suffix(".yaml")
+#: Retries of every task after a failure (a lost node, an evicted pod), as the Airflow DAG
+#: ``flora_train_models``'s.
+RETRIES = 1
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
@@ -176,26 +179,31 @@ def training_pipeline(
     """
     built = on_cluster(
         build_set_op(model=model, recipe=recipe, dataset_path=dataset_path,
-                     mixture_path=mixture_path, max_episodes=max_episodes)
+                     mixture_path=mixture_path, max_episodes=max_episodes),
+        retries=RETRIES,
     )  # fmt: skip
     common = {"model": model, "recipe": recipe, "training_set": built.outputs["training_set"]}
-    sft = on_cluster(sft_op(**common, max_steps=sft_max_steps), gpu=True)
+    sft = on_cluster(sft_op(**common, max_steps=sft_max_steps), gpu=True, retries=RETRIES)
     grpo = on_cluster(
         grpo_op(**common, sft_model=sft.outputs["sft_model"], sft=sft.outputs["Output"],
                 max_steps=grpo_max_steps),
         gpu=True,
+        retries=RETRIES,
     )  # fmt: skip
     ev = on_cluster(
         evaluate_op(**common, trained_model=grpo.outputs["trained_model"],
                     trained=grpo.outputs["Output"], max_episodes=eval_max_episodes,
                     n_boot=n_boot, baseline=baseline),
         gpu=True,
+        retries=RETRIES,
     )  # fmt: skip
     reg = on_cluster(
         register_op(model=model, built=built.outputs["Output"], trained=grpo.outputs["Output"],
-                    evaluated=ev.outputs["Output"], eval_report=ev.outputs["report"])
+                    evaluated=ev.outputs["Output"], eval_report=ev.outputs["report"]),
+        retries=RETRIES,
     )  # fmt: skip
-    return on_cluster(promote_op(model=model, registered=reg.output, gates=gates)).output
+    promoted = promote_op(model=model, registered=reg.output, gates=gates)
+    return on_cluster(promoted, retries=RETRIES).output
 
 
 def compile_pipeline(path: str | Path = PIPELINE_YAML) -> Path:

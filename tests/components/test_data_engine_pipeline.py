@@ -94,6 +94,16 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     for dag in (root, tasks, shard):
         for t in dag.values():
             assert t.get("cachingOptions", {}) == {}  # caching off (no enableCache)
+    # Every step retries twice, 30 s apart, as the DAG's tasks; not the two tasks that open
+    # and close the parent run (a second open would leave a second parent).
+    steps = {k: t for d in (tasks, shard) for k, t in d.items() if "componentRef" in t
+             and not k.startswith("for-loop")}  # fmt: skip
+    assert len(steps) == 12
+    for t in steps.values():
+        assert (
+            t["retryPolicy"]["maxRetryCount"] == 2 and t["retryPolicy"]["backoffDuration"] == "30s"
+        )
+    assert "retryPolicy" not in root["open-run-op"] and "retryPolicy" not in root["finalize-op"]
 
 
 def test_the_exit_handler_closes_the_parent_run_failed_when_a_shard_failed(flora_home):

@@ -56,6 +56,8 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     ]  # fmt: skip
     assert tasks["promote-op"]["dependentTasks"] == ["register-op"]
     assert all(t["cachingOptions"] == {} for t in tasks.values())  # caching off
+    # Each step retries once after a failure (a lost node), as the Airflow DAG's tasks.
+    assert {t["retryPolicy"]["maxRetryCount"] for t in tasks.values()} == {1}
 
 
 def test_runs_the_tiny_recipe_locally(flora_home, tiny_dataset, tmp_path):
