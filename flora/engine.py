@@ -764,7 +764,8 @@ def finish_kfp_run(job_id: str, state: str, error: str = "") -> str:
         step = child.data.tags.get("flora.step", child.info.run_name or child.info.run_id)
         shard = child.data.tags.get("flora.shard")
         key = f"{step}[{shard}]" if shard else step
-        # A child still RUNNING when the pipeline ended was killed with its pod.
+        # A child still RUNNING when the pipeline ended was killed with its pod. Children
+        # come oldest first, so a task KFP retried counts by its last attempt.
         states[key] = "success" if child.info.status == "FINISHED" else "failed"
     states["pipeline"] = "success" if state.upper() == "SUCCEEDED" else "failed"
     if error:

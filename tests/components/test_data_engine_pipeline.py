@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,14 @@ def test_the_exit_handler_closes_the_parent_run_failed_when_a_shard_failed(flora
     assert client.get_run(ok).info.status == "FINISHED"
     with pytest.raises(LookupError, match="no MLflow run tagged kfp.job_id='job-x'"):
         finish_kfp_run("job-x", "FAILED")
+    # A task that failed and then succeeded on KFP's retry: its last attempt counts.
+    retried = start_kfp_run("/data/toy", "job-retried", {"shards": 1})
+    with pytest.raises(OSError), mlflow_run("segment", {"flora.shard": "0-of-1"}, run_id=retried):
+        raise OSError("node lost")
+    time.sleep(0.01)  # attempts are ordered by start time
+    with mlflow_run("segment", {"flora.shard": "0-of-1"}, run_id=retried):
+        pass
+    assert finish_kfp_run("job-retried", "SUCCEEDED") == "FINISHED"
 
 
 def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_dir, tmp_path):
