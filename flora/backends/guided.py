@@ -32,7 +32,6 @@ distribution), like vLLM's ``raw_logprobs``.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -210,28 +209,17 @@ def exact_guide(pattern: str) -> Any | None:
     """The exact guide of a Flora grammar whose regex is ``pattern`` — ``segments_regex(n)``
     → :class:`flora.segment.grammar.SegmentsGuide` (adds ``u < v`` and the line order),
     ``dense_regex()`` → :class:`flora.reward.dense.DenseGuide` (adds the declared worst
-    level) — or ``None`` for any other pattern. Its answers are a subset of the regex's,
-    and all of them parse."""
-    from flora.segment.grammar import guide_for_regex
+    level) — or ``None`` for any other pattern. Each grammar module recognises its own
+    regex (``guide_for_regex``). A guide's answers are a subset of the regex's, and all of
+    them parse."""
+    from flora.reward import dense
+    from flora.segment import grammar
 
-    guide = guide_for_regex(pattern)
-    if guide is None and pattern == _dense_regex():
-        guide = _dense_guide()
-    return guide
-
-
-@functools.cache
-def _dense_regex() -> str:
-    from flora.reward.dense import dense_regex
-
-    return dense_regex()
-
-
-@functools.cache
-def _dense_guide() -> Any:
-    from flora.reward.dense import DenseGuide
-
-    return DenseGuide()  # stateless: one compiled regex shared by every mask
+    for lookup in (grammar.guide_for_regex, dense.guide_for_regex):
+        guide = lookup(pattern)
+        if guide is not None:
+            return guide
+    return None
 
 
 def make_mask(pattern: str, token_strings: list[str | None], eos_ids: list[int]) -> PrefixMask:

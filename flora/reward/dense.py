@@ -28,6 +28,7 @@ a normal group carries none. W must equal the minimum label, else the parse is r
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -277,6 +278,18 @@ class DenseGuide:
     def complete(self, text: str) -> bool:
         """Whether ``text`` is a whole valid answer."""
         return self._rx.fullmatch(text) is not None and self._labels_fit(text)
+
+
+@functools.cache
+def _shared_guide() -> tuple[str, DenseGuide]:
+    # Stateless: one guide (one compiled regex) serves every mask.
+    return dense_regex(), DenseGuide()
+
+
+def guide_for_regex(pattern: str) -> DenseGuide | None:
+    """The exact guide of a pattern that is exactly ``dense_regex()``, else ``None``."""
+    regex_, guide = _shared_guide()
+    return guide if pattern == regex_ else None
 
 
 # --------------------------------------------------------------------------- stitching
