@@ -280,6 +280,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _skip_shm_comm_build() -> None:
+    """Tell DeepSpeed not to JIT-compile its shared-memory CPU all-reduce op.
+
+    DeepSpeed's comm backend compiles that C++ op on first init under a torch FileBaton
+    lock file; a process killed mid-compile leaves the lock behind and every later init
+    on the machine waits on it forever (a CI run hung on exactly this). gloo does the
+    same all-reduce without it, and GPU runs use nccl, so the op buys nothing here.
+    DeepSpeed keeps one ``__compatible_ops__`` dict precisely so edits to it hold.
+    """
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
 def init_distributed(local_rank: int | None = None) -> tuple[int, int]:
     """Initialise torch.distributed (gloo on CPU, nccl on GPU); returns (rank, world).
 
@@ -289,6 +304,7 @@ def init_distributed(local_rank: int | None = None) -> tuple[int, int]:
     import deepspeed
     import torch.distributed as dist
 
+    _skip_shm_comm_build()
     if not dist.is_initialized():
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
             os.environ.update(
