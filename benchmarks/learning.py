@@ -282,8 +282,13 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         upd["vision_lr"] = recipe.vision_lr * args.lr_scale
     if args.patience is not None:  # e.g. early stop off for a long schedule
         upd["patience"] = args.patience
-    if args.grpo_lr is not None and recipe.grpo is not None:
-        upd["grpo"] = recipe.grpo.model_copy(update={"lr": args.grpo_lr})
+    if recipe.grpo is not None:
+        gupd: dict[str, Any] = {}
+        if args.grpo_lr is not None:
+            gupd["lr"] = args.grpo_lr
+        if args.grpo_prompts_per_step is not None:
+            gupd["prompts_per_step"] = args.grpo_prompts_per_step
+        upd["grpo"] = recipe.grpo.model_copy(update=gupd)
     if args.init_from and model != "segmenter":  # continue a released full-weight model
         upd["init_from"] = str(args.init_from / model)
     recipe = recipe.model_copy(update=upd)
@@ -318,7 +323,9 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
 
         probe = random.Random(0).sample(prompts, min(args.probe_prompts, len(prompts)))
         g = recipe.grpo.group_size if recipe.grpo else 8
-        runs = [("", False)] + ([("_guided", True)] if args.grpo_guided and guided_set else [])
+        runs = [] if args.grpo_guided_only else [("", False)]
+        if (args.grpo_guided or args.grpo_guided_only) and guided_set:
+            runs.append(("_guided", True))
         for suffix, rollouts_guided in runs:
             gdir = wd / f"grpo{suffix}"
             name = "SFT+GRPO" + (" (guided rollouts)" if rollouts_guided else "")
@@ -551,6 +558,10 @@ def main() -> None:
                     help="also evaluate SFT / SFT+GRPO with grammar-guided decoding")  # fmt: skip
     ap.add_argument("--grpo-guided", action="store_true",
                     help="with --guided: also run GRPO with grammar-guided rollouts")  # fmt: skip
+    ap.add_argument("--grpo-guided-only", action="store_true",
+                    help="with --guided: run GRPO with grammar-guided rollouts only")  # fmt: skip
+    ap.add_argument("--grpo-prompts-per-step", type=int, default=None,
+                    help="Override the recipes' GRPO prompts per step.")  # fmt: skip
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--plot", default="learning.png", help="file name under docs/img/")
