@@ -7,8 +7,8 @@ One step:
    process a :class:`LivePolicyBackend` over the very module being trained; in
    production any backend (an OpenAI-compatible vLLM pod) via ``backend_factory``.
    With ``guided`` (recipe ``grpo.guided``) rollouts are sampled within each request's
-   grammar regex, as the served engine decodes; the loss keeps the unmasked policy's
-   log-probabilities (what a pod decoding with structured outputs returns, too).
+   grammar regex, as the served engine decodes, and the loss uses the masked policy's
+   log-probabilities (the distribution they were sampled from; :func:`guide_support`).
 2. **Rewards** (:mod:`training.rewards`): the strict grammar parses each completion; an
    unparseable one gets 0 and lowers the parse rate; the rest get ``r_seg`` against the
    window's reference segments or ``r_cap`` from the judge against the event's
@@ -284,6 +284,15 @@ class LivePolicyBackend:
         self._gen = torch.Generator().manual_seed(seed) if seed is not None else None
         self.model_version = "live"
 
+    def mask_for(self, request: VLMRequest) -> Any | None:
+        """The guide mask the rollouts of ``request`` were sampled under (None unguided).
+
+        The same object the generation used, so its per-prefix cache of allowed tokens
+        serves the loss too (:func:`guide_support`)."""
+        if not self._inner.guided or request.guided_regex is None:
+            return None
+        return self._inner.regex_mask(request.guided_regex)
+
     def generate(self, requests: Sequence[VLMRequest]) -> list[VLMResponse]:
         """Sample from the current weights (seeded per call when a seed was given)."""
         model = self._inner.model
@@ -308,6 +317,9 @@ class EncodedGroup:
     prompt_len: int
     completion_ids: torch.Tensor  # (G, Tc), padded with 0
     completion_mask: torch.Tensor  # (G, Tc), 1 on real tokens (incl. the final <|im_end|>)
+    # (G, Tc, K) token ids the guide allowed at each completion position, -1 padded;
+    # set for guided rollouts (:func:`guide_support`), None otherwise.
+    allowed: torch.Tensor | None = None
 
 
 def encode_group(processor: Any, request: VLMRequest, completions: Sequence[str]) -> EncodedGroup:
@@ -357,8 +369,11 @@ def encode_group(processor: Any, request: VLMRequest, completions: Sequence[str]
 def completion_logprobs(model: torch.nn.Module, group: EncodedGroup) -> torch.Tensor:
     """``(G, Tc)`` log-probabilities of each completion token under ``model`` (0 on padding).
 
-    Raw distribution (log-softmax of the logits, temperature 1): the same quantity the
-    backends report.
+    Without ``group.allowed``: the raw distribution (log-softmax of the logits, temperature
+    1), the quantity the backends report. With it (guided rollouts): the distribution the
+    rollouts were sampled from — the log-softmax over the tokens the guide allowed at that
+    position — so a forced token has log-probability 0 and no gradient, and an update
+    moves probability only among allowed tokens (docs/training.md, guided rollouts).
     """
     dev = next(model.parameters()).device
     inputs = {k: v.to(dev) for k, v in group.inputs.items()}
@@ -366,10 +381,46 @@ def completion_logprobs(model: torch.nn.Module, group: EncodedGroup) -> torch.Te
     p = group.prompt_len
     # Logits at position t predict token t+1: the completion starts at index p.
     logits = out.logits[:, p - 1 : -1, :].float()
-    lp = torch.log_softmax(logits, dim=-1)
     ids = group.completion_ids.to(dev)
-    tok_lp = lp.gather(-1, ids[..., None]).squeeze(-1)
+    tok_logit = logits.gather(-1, ids[..., None]).squeeze(-1)
+    if group.allowed is None:
+        norm = torch.logsumexp(logits, dim=-1)
+    else:
+        allowed = group.allowed.to(dev)
+        sel = logits.gather(-1, allowed.clamp(min=0))
+        norm = torch.logsumexp(sel.masked_fill(allowed < 0, float("-inf")), dim=-1)
+    tok_lp = tok_logit - norm
     return tok_lp * group.completion_mask.to(dev).to(tok_lp.dtype)
+
+
+def guide_support(mask: Any, group: EncodedGroup) -> torch.Tensor:
+    """``(G, Tc, K)`` the token ids ``mask`` (a :class:`~flora.backends.guided.PrefixMask`)
+    allows at each completion position of ``group``, right-padded with -1.
+
+    The prefix at position t is the text of the completion's first t tokens. The actual
+    token is always in its position's set (re-tokenised text, or an answer cut short before
+    it completed and then given the stop token), so every log-probability stays finite.
+    Padding positions get their own (pad) token alone.
+    """
+    ids = group.completion_ids.tolist()
+    n = group.completion_mask.sum(dim=1).tolist()
+    rows: list[list[list[int]]] = []
+    for g_ids, g_n in zip(ids, n, strict=True):
+        prefix, row = "", []
+        for t, tok in enumerate(g_ids):
+            if t >= g_n:
+                row.append([tok])
+                continue
+            allowed = mask.allowed(prefix)
+            row.append(allowed if tok in set(allowed) else [*allowed, tok])
+            prefix += mask.tokens[tok] or ""
+        rows.append(row)
+    k = max(len(a) for row in rows for a in row)
+    out = torch.full((len(rows), len(rows[0]), k), -1, dtype=torch.long)
+    for g, row in enumerate(rows):
+        for t, a in enumerate(row):
+            out[g, t, : len(a)] = torch.tensor(a, dtype=torch.long)
+    return out
 
 
 # --------------------------------------------------------------------------- config
@@ -479,6 +530,7 @@ def grpo_step(
     zero_backward: Callable[[], None] | None = None,
     all_sum: Callable[[float], float] | None = None,
     forward: Any | None = None,
+    masks: Callable[[VLMRequest], Any | None] | None = None,
 ) -> StepStats:
     """Rollouts, rewards, advantages and ``cfg.inner_steps`` updates on ``prompts``.
 
@@ -488,7 +540,9 @@ def grpo_step(
     the accumulated gradient is that of the token-normalised step loss. A dropped group
     calls ``zero_backward()`` instead (ranks then run the same number of reductions).
     ``forward`` computes the policy's log-probs (the DeepSpeed engine; default ``policy``).
-    When no rank has a loss token the step makes no update at all.
+    When no rank has a loss token the step makes no update at all. ``masks(request)``
+    (guided rollouts, :func:`guide_masks`) gives the guide each prompt's rollouts were
+    sampled under; log-probabilities are then the masked policy's.
     """
     fwd = forward if forward is not None else policy
     t0 = time.perf_counter()
@@ -517,6 +571,10 @@ def grpo_step(
         encode_group(processor, p.request, tx) if bool(valid[i]) else None
         for i, (p, tx) in enumerate(zip(prompts, texts, strict=True))
     ]
+    for p, e in zip(prompts, encoded, strict=True):
+        mask = masks(p.request) if masks is not None and e is not None else None
+        if e is not None and mask is not None:
+            e.allowed = guide_support(mask, e)
     n_tokens = int(sum(int(e.completion_mask.sum()) for e in encoded if e is not None))
     if all_sum is not None:
         n_tokens = int(round(all_sum(float(n_tokens))))
@@ -791,6 +849,7 @@ def train_grpo(
     def update() -> None:
         engine.step()
 
+    masks = guide_masks(backend, processor) if cfg.guided else None
     mlf = _GRPOLog(recipe, cfg, set_path, sft_model_dir, base_id, rank, log_mlflow)
     history: list[dict[str, float]] = []
     rng = random.Random(cfg.seed)
@@ -803,7 +862,7 @@ def train_grpo(
             mine = [prompts[i] for i in picked[rank::world]]
             stats = _distributed_step(step, engine, processor, mine, backend, cfg, judge,
                                       reference, backward, zero_backward, update,
-                                      _all_sum)  # fmt: skip
+                                      _all_sum, masks)  # fmt: skip
             if not math.isfinite(stats.loss):
                 raise DivergedError(f"GRPO {recipe.model}: loss is {stats.loss} at step {step}")
             history.append({"step": step, **stats.metrics()})
@@ -823,6 +882,40 @@ def train_grpo(
         raise
 
 
+class GuideMasks:
+    """Guide masks built by the trainer, for rollouts an external backend (a pod decoding
+    with structured outputs) sampled under each request's regex. The vocabulary is decoded
+    once; masks are kept per regex (their allowed-token caches with them)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.eos_ids = [tokenizer.convert_tokens_to_ids(END)]
+        self._vocab: list[str | None] | None = None
+        self._masks: dict[str, Any] = {}
+
+    def __call__(self, request: VLMRequest) -> Any | None:
+        from flora.backends.guided import make_mask, token_strings
+
+        if request.guided_regex is None:
+            return None
+        if self._vocab is None:
+            self._vocab = token_strings(self.tokenizer, len(self.tokenizer))
+        mask = self._masks.get(request.guided_regex)
+        if mask is None:
+            if len(self._masks) >= 256:
+                self._masks.pop(next(iter(self._masks)))
+            mask = make_mask(request.guided_regex, self._vocab, self.eos_ids)
+            self._masks[request.guided_regex] = mask
+        return mask
+
+
+def guide_masks(backend: VLMBackend, processor: Any) -> Callable[[VLMRequest], Any | None]:
+    """The masks guided rollouts were sampled under: the in-process backend's own (shared
+    cache), else the trainer's (:class:`GuideMasks`)."""
+    own = getattr(backend, "mask_for", None)
+    return own if own is not None else GuideMasks(processor.tokenizer)
+
+
 def _distributed_step(
     step: int,
     engine: Any,
@@ -836,6 +929,7 @@ def _distributed_step(
     zero_backward: Callable[[], None],
     update: Callable[[], None],
     all_sum: Callable[[float], float],
+    masks: Callable[[VLMRequest], Any | None] | None = None,
 ) -> StepStats:
     """:func:`grpo_step` with the token count summed over ranks and equal backward counts."""
     return grpo_step(
@@ -852,6 +946,7 @@ def _distributed_step(
         zero_backward=zero_backward,
         all_sum=all_sum,
         forward=engine,
+        masks=masks,
     )
 
 

@@ -158,3 +158,42 @@ def test_logprobs_match_the_full_forward_and_the_live_backend_samples(tiny_vlm_d
     assert len(outs) == 4 and all(o.ok for o in outs)
     assert len({o.text for o in outs}) > 1  # temperature 1: the group is not one answer
     assert not model.training
+
+
+def test_guided_step_scores_the_masked_policy_with_the_rollouts_own_masks(engine_and_model):
+    """Guided rollouts: the live backend samples under the segment grammar's guide and the
+    step's log-probs use that very mask (its prefix cache is what the loss read)."""
+    from dataclasses import replace
+
+    from flora.segment.grammar import segments_regex
+    from training.grpo import guide_masks
+
+    engine, processor, cfg, reference = engine_and_model
+    live = LivePolicyBackend(engine.module, processor, seed=0, guided=True)
+    prompts = [_prompt(4), _prompt(5)]
+    for p in prompts:
+        p.request.guided_regex = segments_regex(p.n_ticks)
+    masks = guide_masks(live, processor)
+    assert masks == live.mask_for  # the backend's own masks, not a second cache
+    seen = []
+
+    def spy(request):
+        m = live.mask_for(request)
+        seen.append(m)
+        return m
+
+    cfg = replace(cfg, guided=True, max_new_tokens=24)
+    before = _lora(engine)
+    with single_torch_thread():
+        stats = grpo_step(1, engine.module, processor, prompts, live, cfg, judge=None,
+                          reference=reference, backward=engine.backward, update=engine.step,
+                          zero_backward=lambda: engine.backward(sum(
+                              (p * 0.0).sum() for p in engine.module.parameters()
+                              if p.requires_grad)),
+                          forward=engine, masks=spy)  # fmt: skip
+    assert np.isfinite(stats.loss) and np.isfinite(stats.kl) and stats.kl >= 0
+    assert stats.parse_rate > 0  # (24 new tokens cut some answers short)
+    # every valid group was scored under its mask, the one generation filled
+    assert stats.valid_groups >= 1 and len(seen) == stats.valid_groups
+    assert all(m is live.mask_for(prompts[0].request) and m._cache for m in seen)
+    assert any(not torch.equal(before[n], after) for n, after in _lora(engine).items())

@@ -1,0 +1,123 @@
+"""GRPO with guided rollouts: the loss uses the masked policy the rollouts came from."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import torch
+
+from flora.backends.guided import PrefixMask
+from training.grpo import EncodedGroup, completion_logprobs, guide_support
+
+# Answers "01" or "02": the first token and the stop token are forced, the second a choice.
+ANSWERS = ("01", "02")
+TOKENS = ["0", "1", "2", None]  # id 3: the stop token
+EOS = 3
+
+
+def _mask() -> PrefixMask:
+    return PrefixMask(
+        lambda t: any(a.startswith(t) for a in ANSWERS), lambda t: t in ANSWERS, TOKENS, [EOS]
+    )
+
+
+class FixedLogits(torch.nn.Module):
+    """A 'model' whose logits are one parameter: enough to check the log-prob algebra."""
+
+    def __init__(self, logits: torch.Tensor):
+        super().__init__()
+        self.logits = torch.nn.Parameter(logits)
+
+    def forward(self, **_: object) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.logits)
+
+
+def _group(ids: list[list[int]], prompt_len: int = 2) -> EncodedGroup:
+    g, tc = len(ids), max(map(len, ids))
+    cids = torch.zeros((g, tc), dtype=torch.long)
+    cmask = torch.zeros((g, tc), dtype=torch.long)
+    for i, row in enumerate(ids):
+        cids[i, : len(row)] = torch.tensor(row)
+        cmask[i, : len(row)] = 1
+    inputs = {"input_ids": torch.zeros((g, prompt_len + tc), dtype=torch.long)}
+    return EncodedGroup(inputs, prompt_len, cids, cmask)
+
+
+def test_support_is_the_guides_allowed_set_and_always_holds_the_token():
+    grp = _group([[0, 1, EOS], [0, 2, EOS], [0, 0]])
+    sup = guide_support(_mask(), grp)
+    sets = [[sorted(x for x in a.tolist() if x >= 0) for a in row] for row in sup]
+    assert sets[0] == [[0], [1, 2], [EOS]]  # forced, a choice, forced stop
+    assert sets[1] == [[0], [1, 2], [EOS]]
+    # "00" leaves the grammar: the sampled token joins its set (finite log-prob); the
+    # padding position after the shorter completion holds only its pad id.
+    assert sets[2] == [[0], [0, 1, 2], [0]]
+
+
+def test_masked_logprobs_renormalise_over_the_allowed_tokens():
+    torch.manual_seed(0)
+    grp = _group([[0, 1, EOS], [0, 2, EOS]])
+    grp = replace(grp, allowed=guide_support(_mask(), grp))
+    logits = torch.randn(2, 2 + 3, 4)
+    model = FixedLogits(logits.clone())
+    lp = completion_logprobs(model, grp)
+    pos = logits[:, 1:-1, :]  # logits at t predict token t+1: completion from index 2
+    # Forced positions (first token, stop) have log-probability 0 ...
+    assert torch.allclose(lp[:, 0], torch.zeros(2)) and torch.allclose(lp[:, 2], torch.zeros(2))
+    # ... and the choice is a log-softmax over {1, 2} only.
+    pair = torch.log_softmax(pos[:, 1, [1, 2]], dim=-1)
+    assert torch.allclose(lp[0, 1], pair[0, 0]) and torch.allclose(lp[1, 1], pair[1, 1])
+    # Unguided: the raw distribution over the whole vocabulary, lower than the masked one.
+    raw = completion_logprobs(model, replace(grp, allowed=None))
+    full = torch.log_softmax(pos, dim=-1).gather(-1, grp.completion_ids[..., None])[..., 0]
+    assert torch.allclose(raw, full) and bool((raw < lp).all())
+
+
+def test_a_forced_token_gets_no_gradient_and_disallowed_logits_none():
+    """A negative-advantage update cannot push probability onto tokens the guide forbids:
+    the masked log-prob has no gradient through a forbidden token's logit."""
+    grp = _group([[0, 1, EOS]])
+    grp = replace(grp, allowed=guide_support(_mask(), grp))
+    model = FixedLogits(torch.randn(1, 5, 4))
+    completion_logprobs(model, grp).sum().backward()
+    g = model.logits.grad[0, 1:-1]  # (positions, vocab)
+    assert torch.count_nonzero(g[0]) == 0 and torch.count_nonzero(g[2]) == 0  # forced
+    assert g[1, 0] == 0 and g[1, EOS] == 0  # the choice: no gradient outside {1, 2}
+    assert g[1, 1] != 0 and g[1, 2] != 0
+    # Without the mask every logit of every position gets a gradient.
+    model.logits.grad = None
+    completion_logprobs(model, replace(grp, allowed=None)).sum().backward()
+    assert torch.count_nonzero(model.logits.grad[0, 1:-1]) == 12
+
+
+def test_tiny_model_segment_answer_under_its_guide(tiny_vlm_dir):
+    """On a real processor: the trainer's guide masks (GuideMasks) for the segment grammar
+    give finite masked log-probs, at least the raw ones, and 0 where the guide forces."""
+    from transformers import AutoModelForImageTextToText
+
+    from flora.backends.base import VLMRequest
+    from flora.backends.processing import load_processor
+    from flora.segment.grammar import segments_regex
+    from training.grpo import GuideMasks, encode_group
+
+    n_ticks = 40
+    path = tiny_vlm_dir("qwen3_vl")
+    processor = load_processor(path, "images")
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32).eval()
+    req = VLMRequest(prompt="segment", images=[], system="s", max_new_tokens=16,
+                     guided_regex=segments_regex(n_ticks))  # fmt: skip
+    grp = encode_group(processor, req, [f"0 {n_ticks} 1 1", f"0 20 1 0\n20 {n_ticks} 0 1"])
+    mask = GuideMasks(processor.tokenizer)(req)
+    assert (
+        mask is not None
+        and GuideMasks(processor.tokenizer)(replace(req, guided_regex=None)) is None
+    )
+    sup = guide_support(mask, grp)
+    with torch.no_grad():
+        masked = completion_logprobs(model, replace(grp, allowed=sup))
+        raw = completion_logprobs(model, grp)
+    real = grp.completion_mask.bool()
+    assert torch.isfinite(masked).all() and bool((masked[real] >= raw[real] - 1e-5).all())
+    forced = ((sup >= 0).sum(-1) == 1) & real
+    assert forced.any() and torch.allclose(masked[forced], torch.zeros(int(forced.sum())))
