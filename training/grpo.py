@@ -882,38 +882,18 @@ def train_grpo(
         raise
 
 
-class GuideMasks:
-    """Guide masks built by the trainer, for rollouts an external backend (a pod decoding
-    with structured outputs) sampled under each request's regex. The vocabulary is decoded
-    once; masks are kept per regex (their allowed-token caches with them)."""
-
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-        self.eos_ids = [tokenizer.convert_tokens_to_ids(END)]
-        self._vocab: list[str | None] | None = None
-        self._masks: dict[str, Any] = {}
-
-    def __call__(self, request: VLMRequest) -> Any | None:
-        from flora.backends.guided import make_mask, token_strings
-
-        if request.guided_regex is None:
-            return None
-        if self._vocab is None:
-            self._vocab = token_strings(self.tokenizer, len(self.tokenizer))
-        mask = self._masks.get(request.guided_regex)
-        if mask is None:
-            if len(self._masks) >= 256:
-                self._masks.pop(next(iter(self._masks)))
-            mask = make_mask(request.guided_regex, self._vocab, self.eos_ids)
-            self._masks[request.guided_regex] = mask
-        return mask
-
-
 def guide_masks(backend: VLMBackend, processor: Any) -> Callable[[VLMRequest], Any | None]:
-    """The masks guided rollouts were sampled under: the in-process backend's own (shared
-    cache), else the trainer's (:class:`GuideMasks`)."""
+    """The masks guided rollouts were sampled under, per request (None without a regex):
+    the in-process backend's own (``mask_for``: the cache generation filled), else the
+    trainer's over the processor's vocabulary, for rollouts an external pod sampled."""
     own = getattr(backend, "mask_for", None)
-    return own if own is not None else GuideMasks(processor.tokenizer)
+    if own is not None:
+        return own
+    from flora.backends.guided import MaskCache
+
+    tok = processor.tokenizer
+    cache = MaskCache(tok, [tok.convert_tokens_to_ids(END)])
+    return lambda r: cache(r.guided_regex) if r.guided_regex is not None else None
 
 
 def _distributed_step(

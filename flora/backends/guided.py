@@ -232,6 +232,33 @@ def make_mask(pattern: str, token_strings: list[str | None], eos_ids: list[int])
     return RegexMask(pattern, token_strings, eos_ids)
 
 
+class MaskCache:
+    """Guided-decoding masks over one tokenizer's vocabulary, one per regex
+    (:func:`make_mask`; each keeps its own per-prefix cache of allowed tokens).
+
+    The vocabulary is decoded once, on first use; at most ``keep`` patterns are held (a few
+    hundred distinct grammars exist in practice: one per window tick count).
+    """
+
+    def __init__(self, tokenizer: Any, eos_ids: list[int], keep: int = 256):
+        self.tokenizer = tokenizer
+        self.eos_ids = list(eos_ids)
+        self.keep = keep
+        self._vocab: list[str | None] | None = None
+        self._masks: dict[str, PrefixMask] = {}
+
+    def __call__(self, pattern: str) -> PrefixMask:
+        """The mask for ``pattern``; :class:`RequestError` when it does not compile."""
+        if self._vocab is None:
+            self._vocab = token_strings(self.tokenizer, len(self.tokenizer))
+        mask = self._masks.get(pattern)
+        if mask is None:
+            if len(self._masks) >= self.keep:
+                self._masks.pop(next(iter(self._masks)))
+            mask = self._masks[pattern] = make_mask(pattern, self._vocab, self.eos_ids)
+        return mask
+
+
 def token_strings(tokenizer: Any, vocab_size: int) -> list[str | None]:
     """Every token id decoded alone; special tokens are ``None``."""
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
@@ -252,6 +279,7 @@ def token_strings(tokenizer: Any, vocab_size: int) -> list[str | None]:
 __all__ = [
     "Guide",
     "JSON_RESAMPLES",
+    "MaskCache",
     "PrefixMask",
     "RegexMask",
     "check_schema",

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from flora.backends.base import BackendError, TokenLogprob, VLMRequest, VLMResponse
-from flora.backends.guided import PrefixMask, make_mask, token_strings
+from flora.backends.guided import MaskCache, PrefixMask
 from flora.backends.processing import (
     Chat,
     RequestError,
@@ -340,24 +340,17 @@ class TransformersBackend:
     def set_guided(self, guided: bool) -> None:
         """Turn in-process guided decoding on or off (and start its mask cache afresh)."""
         self.guided = guided
-        self._masks: dict[str, PrefixMask] = {}  # per regex: its allowed-token cache is shared
-        self._vocab: list[str | None] | None = None
+        self._mask_cache: MaskCache | None = None
 
     def regex_mask(self, pattern: str) -> PrefixMask:
-        """The guided-decoding mask for ``pattern`` (:func:`~flora.backends.guided.make_mask`:
-        compiled once, at most 256 kept).
+        """The guided-decoding mask for ``pattern`` (:class:`~flora.backends.guided.MaskCache`:
+        compiled once per pattern, its allowed-token cache shared by every request).
 
-        Raises :class:`RequestError` when the pattern does not compile. A few hundred
-        distinct grammars at most exist in practice (one per window tick count).
+        Raises :class:`RequestError` when the pattern does not compile.
         """
-        if self._vocab is None:  # decoding the vocabulary once, on first use
-            self._vocab = token_strings(self.tokenizer, len(self.tokenizer))
-        mask = self._masks.get(pattern)
-        if mask is None:
-            if len(self._masks) >= 256:
-                self._masks.pop(next(iter(self._masks)))
-            mask = self._masks[pattern] = make_mask(pattern, self._vocab, list(self.eos_ids))
-        return mask
+        if self._mask_cache is None:  # eos_ids are final by the first request
+            self._mask_cache = MaskCache(self.tokenizer, list(self.eos_ids))
+        return self._mask_cache(pattern)
 
     # ---- internals ----------------------------------------------------------------------
 

@@ -92,14 +92,14 @@ def test_a_forced_token_gets_no_gradient_and_disallowed_logits_none():
 
 
 def test_tiny_model_segment_answer_under_its_guide(tiny_vlm_dir):
-    """On a real processor: the trainer's guide masks (GuideMasks) for the segment grammar
+    """On a real processor: the trainer's guide masks (guide_masks without a live backend)
     give finite masked log-probs, at least the raw ones, and 0 where the guide forces."""
     from transformers import AutoModelForImageTextToText
 
     from flora.backends.base import VLMRequest
     from flora.backends.processing import load_processor
     from flora.segment.grammar import segments_regex
-    from training.grpo import GuideMasks, encode_group
+    from training.grpo import encode_group, guide_masks
 
     n_ticks = 40
     path = tiny_vlm_dir("qwen3_vl")
@@ -108,11 +108,10 @@ def test_tiny_model_segment_answer_under_its_guide(tiny_vlm_dir):
     req = VLMRequest(prompt="segment", images=[], system="s", max_new_tokens=16,
                      guided_regex=segments_regex(n_ticks))  # fmt: skip
     grp = encode_group(processor, req, [f"0 {n_ticks} 1 1", f"0 20 1 0\n20 {n_ticks} 0 1"])
-    mask = GuideMasks(processor.tokenizer)(req)
-    assert (
-        mask is not None
-        and GuideMasks(processor.tokenizer)(replace(req, guided_regex=None)) is None
-    )
+    masks = guide_masks(object(), processor)  # no live backend: the trainer's own
+    mask = masks(req)
+    assert mask is not None and masks(replace(req, guided_regex=None)) is None
+    assert masks(req) is mask  # one mask per regex, its prefix cache kept
     sup = guide_support(mask, grp)
     with torch.no_grad():
         masked = completion_logprobs(model, replace(grp, allowed=sup))
