@@ -590,6 +590,9 @@ def main() -> None:
     ap.add_argument("--patience", type=int, default=None,
                     help="override the recipes' early-stop patience (evaluations)")  # fmt: skip
     args = ap.parse_args()
+    if (args.grpo_guided or args.grpo_guided_only) and not args.guided:
+        # without --guided there is no guided set: the run would silently skip GRPO
+        ap.error("--grpo-guided / --grpo-guided-only need --guided")
     q = args.quick
     args.episodes = args.episodes or (16 if q else 40)
     args.sft_steps = args.sft_steps if args.sft_steps is not None else (120 if q else 0)

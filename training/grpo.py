@@ -571,10 +571,11 @@ def grpo_step(
         encode_group(processor, p.request, tx) if bool(valid[i]) else None
         for i, (p, tx) in enumerate(zip(prompts, texts, strict=True))
     ]
-    for p, e in zip(prompts, encoded, strict=True):
-        mask = masks(p.request) if masks is not None and e is not None else None
-        if e is not None and mask is not None:
-            e.allowed = guide_support(mask, e)
+    if masks is not None:  # guided rollouts: score the masked policy they came from
+        for p, e in zip(prompts, encoded, strict=True):
+            mask = masks(p.request) if e is not None else None
+            if mask is not None:
+                e.allowed = guide_support(mask, e)
     n_tokens = int(sum(int(e.completion_mask.sum()) for e in encoded if e is not None))
     if all_sum is not None:
         n_tokens = int(round(all_sum(float(n_tokens))))
