@@ -2,9 +2,9 @@
 
 ``open_run_op``, ``ingest_op``, ``validate_op``, ``plan_op``, then per shard ``segment_op``,
 ``caption_op``, ``reward_op`` (one per rewarder mode: outcome, dense, rubric), then
-``summary_op`` (merges the shards), ``curate_op``, ``export_op``, ``report_op``, and the
-exit handler ``finalize_op``. Each component body is a thin adapter over the same
-``flora`` function the Airflow task calls (``flora.data.ingest.ingest_dataset``,
+``summary_op`` (merges the shards), ``check_shards_op``, ``curate_op``, ``export_op``,
+``report_op``, and the exit handler ``finalize_op``. Each component body is a thin adapter
+over the same ``flora`` function the Airflow task calls (``flora.data.ingest.ingest_dataset``,
 ``flora.validation.raw.validate_dataset``, ``flora.engine.run_segment`` / ``run_caption`` /
 ``run_reward`` / ``summarize_kfp_shards``, ``flora.curate.steps.curate_step`` /
 ``export_step`` / ``report_step``) and logs to its own child run of the pipeline run's
@@ -145,14 +145,12 @@ def segment_op(
     default); ``summary_op`` scores the whole run's events."""
     from collections import namedtuple
 
-    from flora.engine import publish_kfp, run_segment, tracked
-    from flora.orchestration.shards import shard_tags
+    from flora.engine import kfp_shard_step, run_segment
 
-    rep = tracked("segment", mlflow_run_id, run_segment, dataset_path, events.path,
-                  shard["episodes"], mlflow_run_id, evaluate=False,
-                  run_tags=shard_tags(shard))  # fmt: skip
     out = namedtuple("Outputs", ["rows", "failures", "report"])
-    return out(*publish_kfp(rep, metrics, events))
+    return out(*kfp_shard_step("segment", mlflow_run_id, shard, run_segment, dataset_path,
+                               events.path, shard["episodes"], mlflow_run_id, evaluate=False,
+                               metrics=metrics, table=events))  # fmt: skip
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
@@ -171,18 +169,17 @@ def caption_op(
     0 = default."""
     from collections import namedtuple
 
-    from flora.engine import StepOptions, publish_kfp, run_caption, tracked
-    from flora.orchestration.shards import shard_tags
+    from flora.engine import StepOptions, kfp_shard_step, run_caption
 
     opts = StepOptions.from_mapping(
         {"vlm_max_episodes": vlm_max_episodes, "max_attempts": max_attempts,
          "max_new_tokens": max_new_tokens}
     )  # fmt: skip
-    rep = tracked("caption", mlflow_run_id, run_caption, dataset_path, events.path,
-                  captions.path, shard["vlm_episodes"],
-                  mlflow_run_id, options=opts, run_tags=shard_tags(shard))  # fmt: skip
     out = namedtuple("Outputs", ["rows", "failures", "report"])
-    return out(*publish_kfp(rep, metrics, captions))
+    return out(*kfp_shard_step("caption", mlflow_run_id, shard, run_caption, dataset_path,
+                               events.path, captions.path, shard["vlm_episodes"],
+                               mlflow_run_id, options=opts, metrics=metrics, table=captions,
+                               upstream=events))  # fmt: skip
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
@@ -191,6 +188,7 @@ def reward_op(
     dataset_path: str,
     mlflow_run_id: str,
     shard: dict,
+    captions: Input[Dataset],
     table: Output[Dataset],
     metrics: Output[Metrics],
     vlm_max_episodes: int = 0,
@@ -199,21 +197,21 @@ def reward_op(
     rubric: str = "",
 ) -> NamedTuple("Outputs", [("rows", int), ("failures", int), ("report", dict)]):
     """One rewarder mode (outcome | dense | rubric) on the shard's episodes into its
-    table. 0/"" = default."""
+    table, after the shard's captions (not run when the shard failed before).
+    0/"" = default."""
     from collections import namedtuple
 
-    from flora.engine import StepOptions, publish_kfp, run_reward, tracked
-    from flora.orchestration.shards import shard_tags
+    from flora.engine import StepOptions, kfp_shard_step, run_reward
 
     opts = StepOptions.from_mapping(
         {"vlm_max_episodes": vlm_max_episodes, "max_attempts": max_attempts,
          "max_new_tokens": max_new_tokens, "rubric": rubric}
     )  # fmt: skip
-    rep = tracked(mode, mlflow_run_id, run_reward, mode, dataset_path, table.path,
-                  shard["vlm_episodes"], mlflow_run_id,
-                  options=opts, run_tags=shard_tags(shard))  # fmt: skip
     out = namedtuple("Outputs", ["rows", "failures", "report"])
-    return out(*publish_kfp(rep, metrics, table))
+    return out(*kfp_shard_step(mode, mlflow_run_id, shard, run_reward, mode, dataset_path,
+                               table.path, shard["vlm_episodes"], mlflow_run_id,
+                               options=opts, metrics=metrics, table=table,
+                               upstream=captions))  # fmt: skip
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
@@ -237,12 +235,14 @@ def summary_op(
     dense: Output[Dataset],
     rubric: Output[Dataset],
     summary: Output[Artifact],
-) -> dict:
-    """Merge the shards' tables into one artifact per table, summarise them (rows,
-    failures, location, validity) and log the run's totals to the MLflow parent run."""
+) -> NamedTuple("Outputs", [("tables", dict), ("failed_shards", dict)]):
+    """Merge the finished shards' tables into one artifact per table, summarise them
+    (rows, failures, location, validity) and log the run's totals to the MLflow parent
+    run; ``failed_shards``: shard label -> the steps it did not finish."""
     import json
+    from collections import namedtuple
 
-    from flora.engine import STEP_TABLES, summarize_kfp_shards
+    from flora.engine import SHARD_FAILED, STEP_TABLES, summarize_kfp_shards
 
     reports = {"segment": segment_reports, "caption": caption_reports,
                "outcome": outcome_reports, "dense": dense_reports,
@@ -252,9 +252,9 @@ def summary_op(
               "rubric": rubric_shards}  # fmt: skip
     outs = {"segment": events, "caption": captions, "outcome": outcome, "dense": dense,
             "rubric": rubric}  # fmt: skip
-    tables = summarize_kfp_shards(
+    tables, failed = summarize_kfp_shards(
         mlflow_run_id, dataset_path, valid_episodes, reports,
-        {k: [a.path for a in v] for k, v in shards.items()},
+        {k: [a.path for a in v if SHARD_FAILED not in a.metadata] for k, v in shards.items()},
         {k: a.path for k, a in outs.items()},
     )  # fmt: skip
     for key, art in outs.items():
@@ -262,7 +262,19 @@ def summary_op(
         art.metadata.update({"table": table, "rows": tables.get(table, {}).get("rows", 0)})
     with open(summary.path, "w") as fh:
         json.dump(tables, fh, indent=1)
-    return tables
+    return namedtuple("Outputs", ["tables", "failed_shards"])(tables, failed)
+
+
+@dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)
+def check_shards_op(failed_shards: dict, shards: int) -> None:
+    """Fail, naming them, when shards did not finish (after ``summary_op`` recorded what
+    the others did), so that no mixture is curated from a partial run."""
+    from flora.orchestration.shards import describe_failed_shards
+
+    if failed_shards:
+        raise RuntimeError(
+            describe_failed_shards(failed_shards, shards) + " (the others completed)"
+        )
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)

@@ -1,5 +1,6 @@
 """KFP v2 pipeline ``flora-data-engine``: ingest -> validate -> plan -> [per shard: segment
--> caption -> rewards] -> summary -> curate -> export -> report, under an exit handler.
+-> caption -> rewards] -> summary -> check shards -> curate -> export -> report, under an
+exit handler.
 
 Compile: ``python -m components.data_engine_pipeline`` writes
 ``components/data_engine_pipeline.yaml`` (the spec a Kubeflow cluster runs). Locally it
@@ -9,7 +10,8 @@ runs with ``kfp.local`` (SubprocessRunner, no containers): see
 Same steps and order as the Airflow DAG ``flora_data_engine``, and the same shards: the
 engine steps fan out with ``dsl.ParallelFor`` over ``plan_op``'s shards, the three
 rewarder modes after captioning in parallel; ``summary_op`` collects every shard's tables
-(``dsl.Collected``) and merges them into one artifact per table for ``curate_op``,
+(``dsl.Collected``) and merges them into one artifact per table for ``curate_op``
+(after ``check_shards_op``, which fails the run when a shard hit bad input),
 ``export_op`` and ``report_op``. MLflow: ``open_run_op`` opens the parent run, every task
 a child run, and the exit handler ``finalize_op`` closes the parent FAILED when anything
 failed (``docs/orchestration.md`` §3).
@@ -25,6 +27,7 @@ from kfp import compiler, dsl
 
 from components.data_engine import (
     caption_op,
+    check_shards_op,
     curate_op,
     export_op,
     finalize_op,
@@ -119,9 +122,10 @@ def data_engine_pipeline(
             )
             rewards = {}
             for mode in REWARD_MODES:
-                t = reward_op(mode=mode, rubric=rubric, **common, **vlm)
+                t = reward_op(mode=mode, rubric=rubric, captions=caption.outputs["captions"],
+                              **common, **vlm)  # fmt: skip
                 t.set_display_name(f"reward-{mode}")
-                rewards[mode] = on_cluster(t, **heavy).after(caption)
+                rewards[mode] = on_cluster(t, **heavy)
         collected = {"segment": segment.outputs, "caption": caption.outputs} | {
             m: rewards[m].outputs for m in REWARD_MODES}  # fmt: skip
         summary = summary_op(
@@ -134,6 +138,10 @@ def data_engine_pipeline(
             **{f"{k}_reports": dsl.Collected(o["report"]) for k, o in collected.items()},
         )
         on_cluster(summary, **light)
+        # Fails the run, naming the shards, after the summary recorded the others' work;
+        # not retried (it only reads the summary's verdict).
+        check = check_shards_op(failed_shards=summary.outputs["failed_shards"], shards=shards)
+        on_cluster(check, resources=CPU_TASK)
         tables = {
             "events": summary.outputs["events"],
             "captions": summary.outputs["captions"],
@@ -148,7 +156,7 @@ def data_engine_pipeline(
             curation_rules=curation_rules,
             dvc_repo=dvc_repo,
             **tables,
-        )
+        ).after(check)
         on_cluster(curate, **light)
         mixture = curate.outputs["mixture"]
         export = export_op(

@@ -241,6 +241,7 @@ def flora_data_engine() -> None:
         from airflow.sdk.exceptions import AirflowFailException
 
         from flora.engine import summarize_shards
+        from flora.orchestration.shards import describe_failed_shards
 
         # What each shard's tasks handed on, by map index (None: it did not finish).
         every = list(range(len(shards)))
@@ -250,8 +251,7 @@ def flora_data_engine() -> None:
         failed = out["failed_shards"]
         if failed:
             raise AirflowFailException(
-                f"{len(failed)} of {len(shards)} shard(s) did not finish: "
-                + "; ".join(f"shard {k}: {', '.join(v)}" for k, v in failed.items())
+                describe_failed_shards(failed, len(shards))
                 + f" (the others completed; summary {out['summary_path']})"
             )
         return out

@@ -780,23 +780,36 @@ def summarize_kfp_shards(
     reports: dict[str, Sequence[dict[str, Any]]],
     shard_roots: dict[str, Sequence[str]],
     out_roots: dict[str, str],
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
     """The KFP pipeline's ``summary`` step over its episode shards.
 
     Each shard's component wrote its table into its own artifact (``shard_roots``: per
-    step, the shards' store roots); they are merged into one store per step
-    (``out_roots``, :meth:`flora.tables.TableStore.merge_from`), the shards' reports are
-    merged, the run's events are scored once against the ground truth, and the totals are
-    logged to the MLflow parent run. Returns the per-table summary.
+    step, the store roots of the shards that finished it); they are merged into one store
+    per step (``out_roots``, :meth:`flora.tables.TableStore.merge_from`), the finished
+    shards' reports are merged, the run's events are scored once against the ground truth,
+    and the totals are logged to the MLflow parent run, with the shards that did not finish
+    (the hand-offs :func:`kfp_shard_step` marked :data:`SHARD_FAILED`) as the tag
+    ``flora.failed_shards`` and the metric ``shards.failed``, as the DAG's summary.
+    Returns ``(per-table summary, failed shards)``: shard label -> the steps it did not
+    finish.
     """
+    from flora.orchestration.shards import shard_label
     from flora.tables import TableStore
 
+    failed: dict[str, list[str]] = {}
+    finished: dict[str, list[dict[str, Any]]] = {}
+    for key, reps in reports.items():
+        for r in reps:
+            if SHARD_FAILED in r:
+                failed.setdefault(shard_label(r["shard"]), []).append(key)
+            else:
+                finished.setdefault(key, []).append(r)
     for key, table in STEP_TABLES.items():
         store = TableStore(out_roots[key])
         for root in shard_roots.get(key) or []:
             store.merge_from(table, root)
         (Path(out_roots[key]) / table).mkdir(parents=True, exist_ok=True)
-    merged = merge_step_reports(reports)
+    merged = merge_step_reports(finished)
     for key, rep in merged.items():
         rep["table_dir"] = str(Path(out_roots[key]) / STEP_TABLES[key])
     if "segment" in merged:
@@ -805,8 +818,56 @@ def summarize_kfp_shards(
         )
     tables = engine_summary(list(merged.values()))
     n = max((len(r) for r in reports.values()), default=0)
-    log_run_totals(mlflow_run_id, merged, tables, metrics={"shards": n})
-    return tables
+    log_run_totals(mlflow_run_id, merged, tables,
+                   metrics={"shards": n, "shards.failed": len(failed)},
+                   tags={"flora.failed_shards": ",".join(sorted(failed))})  # fmt: skip
+    return tables, failed
+
+
+#: Key of a shard step's KFP hand-off (its report dict and its table artifact's metadata)
+#: when the shard did not finish the step: the reason. KFP has no ``all_done`` trigger
+#: inside a DAG, so a shard's bad input is handed on as data instead of failing the loop.
+SHARD_FAILED = "flora.failed"
+
+
+def kfp_shard_step(
+    name: str,
+    mlflow_run_id: str,
+    shard: dict[str, Any],
+    step: Callable[..., StepReport],
+    *args: Any,
+    metrics: Any,
+    table: Any,
+    upstream: Any = None,
+    **kwargs: Any,
+) -> tuple[int, int, dict[str, Any]]:
+    """One shard's engine step in a KFP component: ``tracked(name, ..., step, *args)`` and
+    its outputs (:func:`publish_kfp`).
+
+    Bad input (:func:`flora.orchestration.permanent_errors`: a retry would fail alike)
+    does not fail the task: the step's child run ends FAILED, and the step hands on
+    ``{SHARD_FAILED: reason, "step", "shard", "ran"}`` with ``table`` marked the same, so the
+    other shards' iterations and the summary still run; the summary reports the shard and
+    ``check_shards_op`` then fails the pipeline (the DAG's ``summary`` does both). When
+    ``upstream`` (the shard's previous table artifact) is so marked the step does not run
+    and hands the mark on. Any other error propagates, and KFP's retries apply.
+    """
+    from flora.orchestration import permanent_errors
+    from flora.orchestration.shards import shard_tags
+
+    earlier = upstream.metadata.get(SHARD_FAILED) if upstream is not None else None
+    if earlier:  # the shard failed at an earlier step: run nothing, hand its reason on
+        reason = earlier
+    else:
+        try:
+            rep = tracked(name, mlflow_run_id, step, *args, run_tags=shard_tags(shard),
+                          **kwargs)  # fmt: skip
+        except permanent_errors() as e:
+            reason = f"{name}: {type(e).__name__}: {e}"
+        else:
+            return publish_kfp(rep, metrics, table)
+    table.metadata.update({SHARD_FAILED: reason})
+    return 0, 0, {SHARD_FAILED: reason, "step": name, "shard": dict(shard), "ran": not earlier}
 
 
 def publish_kfp(rep: StepReport, metrics: Any, table: Any) -> tuple[int, int, dict[str, Any]]:
@@ -834,8 +895,10 @@ __all__ = [
     "engine_summary",
     "ensure_tiny_vlm",
     "KFP_JOB_TAG",
+    "SHARD_FAILED",
     "finish_kfp_run",
     "ingest_tracked",
+    "kfp_shard_step",
     "log_run_totals",
     "merge_reports",
     "merge_step_reports",

@@ -53,4 +53,15 @@ def shared_path(path: str | Path, what: str, settings: FloraSettings | None = No
     return str(p)
 
 
-__all__ = ["POD_LABELS", "SECRET_ENV", "shared_path"]
+def permanent_errors() -> tuple[type[Exception], ...]:
+    """Errors a retry cannot fix: bad input (``FloraDataError``: a damaged file, a table
+    failing its suite) and curation's refusals (empty mixture, bad rules, lineage)."""
+    from flora.curate.rebalance import EmptyMixtureError
+    from flora.curate.rules import RulesError
+    from flora.curate.run import LineageError
+    from flora.data.episode import FloraDataError
+
+    return (FloraDataError, EmptyMixtureError, RulesError, LineageError)
+
+
+__all__ = ["POD_LABELS", "SECRET_ENV", "permanent_errors", "shared_path"]

@@ -97,6 +97,14 @@ def unfinished_shards(
     return out
 
 
+def describe_failed_shards(failed: Mapping[str, Sequence[str]], n_shards: int) -> str:
+    """The error a run's summary raises when shards did not finish: how many, and for each
+    the steps it did not finish (``failed``: shard label -> steps)."""
+    return f"{len(failed)} of {n_shards} shard(s) did not finish: " + "; ".join(
+        f"shard {k}: {', '.join(v)}" for k, v in sorted(failed.items())
+    )
+
+
 def run_dir(state: Mapping[str, Any]) -> Path:
     """``<outputs>/runs/<dataset>/<mlflow run id>``: this pipeline run's own files."""
     return Path(state["outputs_dir"]) / "runs" / state["dataset"] / state["mlflow_run_id"]
@@ -140,6 +148,7 @@ def report_path(state: Mapping[str, Any], step: str, shard: Mapping[str, int] | 
 
 __all__ = [
     "Shard",
+    "describe_failed_shards",
     "episode_set",
     "plan_shards",
     "plan_shards_with_episodes",

@@ -33,7 +33,7 @@ from airflow.sdk import task
 from airflow.sdk.definitions._internal.expandinput import MappedArgument
 from airflow.sdk.definitions.xcom_arg import PlainXComArg, XComArg
 
-from flora.orchestration import POD_LABELS, SECRET_ENV
+from flora.orchestration import POD_LABELS, SECRET_ENV, permanent_errors
 from flora.orchestration.steps import STEPS
 from flora.settings import FloraSettings, get_settings
 
@@ -109,17 +109,6 @@ def _in_process(step: str, task_id: str, with_params: bool, **task_kwargs: Any) 
         return fail_fast_on_bad_input(step, run_step, step, kwargs)
 
     return lambda **inputs: run_in_process(inputs=inputs)
-
-
-def permanent_errors() -> tuple[type[Exception], ...]:
-    """Errors a retry cannot fix: bad input (``FloraDataError``: a damaged file, a table
-    failing its suite) and curation's refusals (empty mixture, bad rules, lineage)."""
-    from flora.curate.rebalance import EmptyMixtureError
-    from flora.curate.rules import RulesError
-    from flora.curate.run import LineageError
-    from flora.data.episode import FloraDataError
-
-    return (FloraDataError, EmptyMixtureError, RulesError, LineageError)
 
 
 def fail_fast_on_bad_input(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

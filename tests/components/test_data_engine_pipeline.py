@@ -48,7 +48,7 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
         f"exec-{n}"
         for n in ("open-run-op", "finalize-op", "ingest-op", "validate-op", "plan-op",
                   "segment-op", "caption-op", "reward-op", "reward-op-2", "reward-op-3",
-                  "summary-op", "curate-op", "export-op", "report-op")
+                  "summary-op", "check-shards-op", "curate-op", "export-op", "report-op")
     }  # fmt: skip
     for name, ex in execs.items():
         # The heavy steps are GPU steps (CUDA image, nvidia.com/gpu), as the Airflow DAG's
@@ -76,6 +76,9 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     modes = {}
     for key in ("reward-op", "reward-op-2", "reward-op-3"):
         assert shard[key]["dependentTasks"] == ["caption-op"]
+        # The shard's captions artifact: a shard that failed before is not rewarded.
+        up = shard[key]["inputs"]["artifacts"]["captions"]["taskOutputArtifact"]
+        assert up == {"outputArtifactKey": "captions", "producerTask": "caption-op"}
         params = shard[key]["inputs"]["parameters"]
         modes[params["mode"]["runtimeValue"]["constant"]] = shard[key]["taskInfo"]["name"]
     assert modes == {m: f"reward-{m}" for m in ("outcome", "dense", "rubric")}
@@ -86,7 +89,12 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     names = ("events", "captions", "outcome", "dense", "rubric")
     assert set(arts) == {f"{t}_shards" for t in names}
     assert {a["taskOutputArtifact"]["producerTask"] for a in arts.values()} == {"for-loop-2"}
-    assert "summary-op" in tasks["curate-op"]["dependentTasks"]
+    # check_shards fails the run on the summary's verdict before anything is curated.
+    check = tasks["check-shards-op"]
+    assert check["dependentTasks"] == ["summary-op"]
+    verdict = check["inputs"]["parameters"]["failed_shards"]["taskOutputParameter"]
+    assert verdict == {"outputParameterKey": "failed_shards", "producerTask": "summary-op"}
+    assert {"summary-op", "check-shards-op"} <= set(tasks["curate-op"]["dependentTasks"])
     arts = tasks["curate-op"]["inputs"]["artifacts"]
     assert set(arts) == {"events", "captions", "outcome", "dense", "rubric"}
     assert {a["taskOutputArtifact"]["producerTask"] for a in arts.values()} == {"summary-op"}
@@ -99,7 +107,9 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     # and close the parent run (a second open would leave a second parent).
     steps = {k: t for d in (tasks, shard) for k, t in d.items() if "componentRef" in t
              and not k.startswith("for-loop")}  # fmt: skip
-    assert len(steps) == 12
+    assert len(steps) == 13
+    # check_shards only reads the summary's verdict: a retry could not change it.
+    assert "retryPolicy" not in steps.pop("check-shards-op")
     for t in steps.values():
         assert (
             t["retryPolicy"]["maxRetryCount"] == 2 and t["retryPolicy"]["backoffDuration"] == "30s"
@@ -141,6 +151,114 @@ def test_the_exit_handler_closes_the_parent_run_failed_when_a_shard_failed(flora
     with mlflow_run("segment", {"flora.shard": "0-of-1"}, run_id=retried):
         pass
     assert finish_kfp_run("job-retried", "SUCCEEDED") == "FINISHED"
+
+
+def test_a_shard_with_bad_input_is_reported_while_the_others_complete(
+    flora_home, tiny_dataset, tiny_vlm_dir, tmp_path, monkeypatch
+):
+    """The shard components' own functions, in order, as the loop runs them: shard 1's
+    segment hits bad input, so its later steps do not run; shard 0 completes; the summary
+    merges shard 0 only and reports shard 1; ``check_shards_op`` then fails the run before
+    curation. An error a retry may fix still fails the task (KFP's retries apply)."""
+    import shutil
+
+    import pandas as pd
+    from kfp.dsl import Artifact, Dataset, Metrics
+    from mlflow import MlflowClient
+
+    import flora.engine
+    from components.data_engine import (
+        caption_op,
+        check_shards_op,
+        reward_op,
+        segment_op,
+        summary_op,
+    )
+    from flora.data.episode import FloraDataError
+    from flora.engine import REWARD_MODES, SHARD_FAILED, start_kfp_run
+    from flora.tracking import child_runs
+
+    shutil.copytree(tiny_vlm_dir(), flora_home / "models" / "tiny")
+    real = flora.engine.run_segment
+
+    def episode_1_breaks(dataset_path, out_dir, episodes, *args, **kwargs):
+        if 1 in episodes:
+            raise FloraDataError("video unreadable", dataset="toy_tiny", episode=1, field="video")
+        return real(dataset_path, out_dir, episodes, *args, **kwargs)
+
+    monkeypatch.setattr(flora.engine, "run_segment", episode_1_breaks)
+    parent = start_kfp_run(tiny_dataset, "job-shard", {"shards": 2})
+    art = lambda kind, name: kind(name=name, uri=str(tmp_path / name))  # noqa: E731
+    # No VLM episode: the test is about the hand-offs, not the tiny model's output.
+    shards = [{"index": k, "count": 2, "episodes": e, "vlm_episodes": []}
+              for k, e in ((0, [0, 2]), (1, [1]))]  # fmt: skip
+    common = {"dataset_path": str(tiny_dataset), "mlflow_run_id": parent}
+    outs: dict[str, list] = {key: [] for key in ("segment", "caption", *REWARD_MODES)}
+    tables: dict[str, list] = {key: [] for key in outs}
+    for sh in shards:
+        k = sh["index"]
+        ev = art(Dataset, f"events{k}")
+        outs["segment"].append(segment_op.python_func(
+            **common, shard=sh, events=ev, metrics=art(Metrics, f"m{k}")))  # fmt: skip
+        cap = art(Dataset, f"captions{k}")
+        outs["caption"].append(caption_op.python_func(
+            **common, shard=sh, events=ev, captions=cap,
+            metrics=art(Metrics, f"mc{k}")))  # fmt: skip
+        tables["segment"].append(ev)
+        tables["caption"].append(cap)
+        for mode in REWARD_MODES:
+            t = art(Dataset, f"{mode}{k}")
+            outs[mode].append(reward_op.python_func(
+                mode=mode, **common, shard=sh, captions=cap, table=t,
+                metrics=art(Metrics, f"m{mode}{k}")))  # fmt: skip
+            tables[mode].append(t)
+    # Shard 1: segment failed on its bad input (recorded, no exception), the rest not run.
+    seg1 = outs["segment"][1].report
+    assert seg1["step"] == "segment" and seg1["ran"] is True
+    assert "FloraDataError: video unreadable" in seg1[SHARD_FAILED]
+    for key in ("caption", *REWARD_MODES):
+        rep = outs[key][1].report
+        assert rep[SHARD_FAILED] == seg1[SHARD_FAILED] and rep["ran"] is False, key
+        assert tables[key][1].metadata[SHARD_FAILED] == seg1[SHARD_FAILED]
+        assert SHARD_FAILED not in outs[key][0].report, key
+    assert outs["segment"][0].rows > 0 and SHARD_FAILED not in tables["segment"][0].metadata
+
+    summary = summary_op.python_func(
+        **common, valid_episodes=[0, 1, 2],
+        **{f"{key}_reports": [o.report for o in outs[key]] for key in outs},
+        events_shards=tables["segment"], captions_shards=tables["caption"],
+        **{f"{m}_shards": tables[m] for m in REWARD_MODES},
+        events=art(Dataset, "events"), captions=art(Dataset, "captions"),
+        **{m: art(Dataset, m) for m in REWARD_MODES}, summary=art(Artifact, "summary"),
+    )  # fmt: skip
+    assert summary.failed_shards == {"1-of-2": ["segment", "caption", *REWARD_MODES]}
+    assert summary.tables["events"]["episodes_in"] == 2
+    events = pd.concat(map(pd.read_parquet, (tmp_path / "events" / "events").glob("*.parquet")))
+    assert set(events.episode_id) == {f"{tiny_dataset.name}/{i:06d}" for i in (0, 2)}
+    run = MlflowClient().get_run(parent)
+    assert run.data.tags["flora.failed_shards"] == "1-of-2"
+    assert run.data.metrics["shards.failed"] == 1 and run.data.metrics["shards"] == 2
+    status = {(c.data.tags["flora.step"], c.data.tags["flora.shard"]): c.info.status
+              for c in child_runs(parent)}  # fmt: skip
+    assert status[("segment", "1-of-2")] == "FAILED" and status[("segment", "0-of-2")] == "FINISHED"
+    assert ("caption", "1-of-2") not in status and status[("caption", "0-of-2")] == "FINISHED"
+
+    with pytest.raises(
+        RuntimeError,
+        match=r"1 of 2 shard\(s\) did not finish: shard 1-of-2: "
+        r"segment, caption, outcome, dense, rubric \(the others completed\)",
+    ):
+        check_shards_op.python_func(failed_shards=summary.failed_shards, shards=2)
+    check_shards_op.python_func(failed_shards={}, shards=2)  # all finished: passes
+
+    # A fault a retry may fix is not bad input: the task fails and KFP retries it.
+    def node_lost(*args, **kwargs):
+        raise OSError("node lost")
+
+    monkeypatch.setattr(flora.engine, "run_segment", node_lost)
+    with pytest.raises(OSError, match="node lost"):
+        segment_op.python_func(**common, shard=shards[0], events=art(Dataset, "e9"),
+                               metrics=art(Metrics, "m9"))  # fmt: skip
 
 
 def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_dir, tmp_path):
@@ -213,6 +331,7 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_
     (run,) = client.search_runs([exp.experiment_id], filter_string=parents)
     assert run.info.status == "FINISHED"
     assert run.data.tags["kfp.job_id"] and run.data.tags["flora.failed_tasks"] == ""
+    assert run.data.tags["flora.failed_shards"] == "" and run.data.metrics["shards.failed"] == 0
     assert run.data.params["shards"] == "2" and run.data.params["vlm_max_episodes"] == "1"
     children = {(c.data.tags["flora.step"], c.data.tags.get("flora.shard")): c
                 for c in child_runs(run.info.run_id)}  # fmt: skip
