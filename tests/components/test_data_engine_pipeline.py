@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.components.helpers import assert_gpu_container, assert_on_cluster, load_compiled
+from tests.faults import break_segment_on_episode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -174,19 +175,11 @@ def test_a_shard_with_bad_input_is_reported_while_the_others_complete(
         segment_op,
         summary_op,
     )
-    from flora.data.episode import FloraDataError
     from flora.engine import REWARD_MODES, SHARD_FAILED, start_kfp_run
     from flora.tracking import child_runs
 
     shutil.copytree(tiny_vlm_dir(), flora_home / "models" / "tiny")
-    real = flora.engine.run_segment
-
-    def episode_1_breaks(dataset_path, out_dir, episodes, *args, **kwargs):
-        if 1 in episodes:
-            raise FloraDataError("video unreadable", dataset="toy_tiny", episode=1, field="video")
-        return real(dataset_path, out_dir, episodes, *args, **kwargs)
-
-    monkeypatch.setattr(flora.engine, "run_segment", episode_1_breaks)
+    break_segment_on_episode(monkeypatch, 1)
     parent = start_kfp_run(tiny_dataset, "job-shard", {"shards": 2})
     art = lambda kind, name: kind(name=name, uri=str(tmp_path / name))  # noqa: E731
     # No VLM episode: the test is about the hand-offs, not the tiny model's output.

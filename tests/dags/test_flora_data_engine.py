@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import break_segment_on_episode
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -409,7 +411,8 @@ def test_step_options_and_backend_choice(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["tiny"]  # no temp dir left
 
 
-def test_bad_input_fails_at_once_and_other_faults_retry():
+def test_bad_input_fails_at_once_and_other_faults_retry(airflow_home):
+    # airflow_home: airflow reads its configuration on first import (conftest).
     from airflow.sdk.exceptions import AirflowFailException
 
     from flora.data.episode import FloraDataError
@@ -437,8 +440,6 @@ def test_a_failed_shard_is_reported_while_the_others_complete(
     from airflow.dag_processing.dagbag import DagBag
     from mlflow.tracking import MlflowClient
 
-    import flora.engine
-    from flora.data.episode import FloraDataError
     from flora.settings import get_settings
     from flora.tables import TableStore
 
@@ -446,14 +447,7 @@ def test_a_failed_shard_is_reported_while_the_others_complete(
     monkeypatch.setenv("FLORA_HOME", str(flora_home))
     get_settings.cache_clear()
     shutil.copytree(tiny_vlm_dir(), flora_home / "models" / "tiny")
-    real = flora.engine.run_segment
-
-    def episode_1_breaks(dataset_path, out_dir, episodes, *args, **kwargs):
-        if 1 in episodes:
-            raise FloraDataError("video unreadable", dataset="toy_tiny", episode=1, field="video")
-        return real(dataset_path, out_dir, episodes, *args, **kwargs)
-
-    monkeypatch.setattr(flora.engine, "run_segment", episode_1_breaks)
+    break_segment_on_episode(monkeypatch, 1)
     dag = DagBag(dag_folder=str(REPO / "dags")).get_dag("flora_data_engine")
     conf = {"dataset": str(tiny_dataset), "shards": 3, "max_attempts": 1, "max_new_tokens": 8}
     dr = dag.test(run_conf=conf)

@@ -340,7 +340,8 @@ def test_pod_command_runs_the_step_as_the_task_does(
     )
 
 
-def test_pod_command_refuses_bad_input():
+def test_pod_command_refuses_bad_input(airflow_home):
+    # airflow_home: airflow reads its configuration on first import (conftest).
     """An unknown step or non-JSON inputs: a usage error naming the problem (exit 2)."""
     from flora.orchestration.pod import main
     from flora.orchestration.tasks import step_task
