@@ -155,21 +155,44 @@ def rewarder_baseline(train: list, held: list) -> dict[str, pd.DataFrame]:
 
 def sampled_reward(
     model_dir: Path, prompts: list, group_size: int, judge: Any, guided: bool = False
-) -> float:
-    """Mean reward of ``group_size`` temperature-1 samples per prompt (its own prompts);
-    ``guided``: sampled within each request's grammar regex, as guided rollouts are."""
+) -> list[float]:
+    """Per prompt, the mean reward of ``group_size`` temperature-1 samples (its own
+    prompts; NaN where no sample could be scored); ``guided``: sampled within each
+    request's grammar regex, as guided rollouts are. Seeded, so two models' values pair
+    by prompt."""
     from training.evaluate import backend_for
     from training.grpo import generate_groups, score_completions
 
     backend = backend_for(model_dir, guided=guided)
     backend.seed = 1234
     groups = generate_groups(backend, prompts, group_size, 1.0, prompts[0].request.max_new_tokens)
-    vals = []
+    out = []
     for p, resps in zip(prompts, groups, strict=True):
-        for r in score_completions(p, [x.text for x in resps], judge):
-            if not math.isnan(r.value):
-                vals.append(r.value)
-    return sum(vals) / len(vals)
+        vals = [r.value for r in score_completions(p, [x.text for x in resps], judge)
+                if not math.isnan(r.value)]  # fmt: skip
+        out.append(sum(vals) / len(vals) if vals else math.nan)
+    return out
+
+
+def paired_gain(
+    before: list[float], after: list[float], n_boot: int, seed: int = 0
+) -> dict[str, Any]:
+    """Mean per-prompt gain ``after - before`` with a 95 % percentile bootstrap interval
+    over prompts (prompts resampled, both models' values kept together)."""
+    import random
+
+    d = [b - a for a, b in zip(before, after, strict=True) if not (math.isnan(a) or math.isnan(b))]
+    if not d:
+        return {"gain": math.nan, "interval": [math.nan, math.nan], "prompts": 0}
+    rng = random.Random(seed)
+    boots = sorted(sum(rng.choices(d, k=len(d))) / len(d) for _ in range(max(n_boot, 1)))
+    lo, hi = boots[int(0.025 * (len(boots) - 1))], boots[int(0.975 * (len(boots) - 1))]
+    return {"gain": sum(d) / len(d), "interval": [lo, hi], "prompts": len(d)}
+
+
+def _mean(xs: list[float]) -> float:
+    ok = [x for x in xs if not math.isnan(x)]
+    return sum(ok) / len(ok) if ok else math.nan
 
 
 def _guided_set(
@@ -351,9 +374,12 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
                 gprobe = [by_id[p.prompt_id] for p in probe]
 
             def own(gp=gprobe, rg=rollouts_guided, gd=gdir) -> dict[str, Any]:
+                before = sampled_reward(sft_dir / "model", gp, g, judge, rg)
+                after = sampled_reward(gd / "model", gp, g, judge, rg)
                 return {"prompts": len(gp), "group_size": g, "guided": rg,
-                        "SFT": sampled_reward(sft_dir / "model", gp, g, judge, rg),
-                        "SFT+GRPO": sampled_reward(gd / "model", gp, g, judge, rg)}  # fmt: skip
+                        "SFT": _mean(before), "SFT+GRPO": _mean(after),
+                        "per_prompt": {"SFT": before, "SFT+GRPO": after},
+                        "paired": paired_gain(before, after, args.bootstrap)}  # fmt: skip
 
             res[f"own_prompts{suffix}"] = _cached(wd / f"own_prompts{suffix}.json", own)
             ev(name, lambda gd=gdir: generate_outputs(backend_for(gd / "model"), held))
@@ -364,6 +390,18 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
 
 
 # --------------------------------------------------------------------------- report
+
+
+def _gain_text(own: dict[str, Any]) -> str:
+    """ ", gain +x [lo, hi] paired over prompts: raised | not established" (or nothing for a
+    probe cached before per-prompt values were kept)."""
+    p = own.get("paired")
+    if not p:
+        return ""
+    lo, hi = p["interval"]
+    verdict = "raised" if lo > 0 else ("lowered" if hi < 0 else "not established")
+    return (f" (gain {p['gain']:+.3f}, 95 % interval [{lo:+.3f}, {hi:+.3f}] paired over "
+            f"{p['prompts']} prompts: {verdict})")  # fmt: skip
 
 
 def _fmt(v: float | None, ci: list | None) -> str:
@@ -430,7 +468,8 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, seconds: f
                 how = "within the grammar" if o.get("guided") else "free"
                 lines += ["", f"{what} on its own prompts ({o['prompts']} training prompts, "
                           f"{o['group_size']} samples each at temperature 1, {how}): mean "
-                          f"reward SFT {o['SFT']:.3f} → SFT+GRPO {o['SFT+GRPO']:.3f}."]  # fmt: skip
+                          f"reward SFT {o['SFT']:.3f} → SFT+GRPO {o['SFT+GRPO']:.3f}"
+                          + _gain_text(o) + "."]  # fmt: skip
         if "sft" in res:
             s = res["sft"]
             ev = s.get("best_eval_loss")
@@ -493,7 +532,8 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
             o = res.get(okey, {})
             out.append(
                 f"  - {gname[4:]}: own-prompt reward {o.get('SFT', math.nan):.3f} → "
-                f"{o.get('SFT+GRPO', math.nan):.3f}; held-out {key} {sft['metrics'][key]:.3f} → "
+                f"{o.get('SFT+GRPO', math.nan):.3f}{_gain_text(o)}; "
+                f"held-out {key} {sft['metrics'][key]:.3f} → "
                 f"{gv:.3f} (SFT interval [{lo:.2f}, {hi:.2f}]: "
                 f"{'within' if gv >= lo else 'BELOW'})."
             )
