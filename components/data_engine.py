@@ -235,10 +235,11 @@ def summary_op(
     dense: Output[Dataset],
     rubric: Output[Dataset],
     summary: Output[Artifact],
-) -> NamedTuple("Outputs", [("tables", dict), ("failed_shards", dict)]):
+) -> NamedTuple("Outputs", [("tables", dict), ("failed_shards", dict), ("shards", int)]):
     """Merge the finished shards' tables into one artifact per table, summarise them
     (rows, failures, location, validity) and log the run's totals to the MLflow parent
-    run; ``failed_shards``: shard label -> the steps it did not finish."""
+    run; ``failed_shards``: shard label -> the steps it did not finish; ``shards``: how
+    many ran (the plan makes at most one per valid episode)."""
     import json
     from collections import namedtuple
 
@@ -262,7 +263,8 @@ def summary_op(
         art.metadata.update({"table": table, "rows": tables.get(table, {}).get("rows", 0)})
     with open(summary.path, "w") as fh:
         json.dump(tables, fh, indent=1)
-    return namedtuple("Outputs", ["tables", "failed_shards"])(tables, failed)
+    n = len(segment_reports)
+    return namedtuple("Outputs", ["tables", "failed_shards", "shards"])(tables, failed, n)
 
 
 @dsl.component(base_image=FLORA_IMAGE, install_kfp_package=False)

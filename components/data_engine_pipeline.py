@@ -140,7 +140,8 @@ def data_engine_pipeline(
         on_cluster(summary, **light)
         # Fails the run, naming the shards, after the summary recorded the others' work;
         # not retried (it only reads the summary's verdict).
-        check = check_shards_op(failed_shards=summary.outputs["failed_shards"], shards=shards)
+        check = check_shards_op(failed_shards=summary.outputs["failed_shards"],
+                                shards=summary.outputs["shards"])  # fmt: skip
         on_cluster(check, resources=CPU_TASK)
         tables = {
             "events": summary.outputs["events"],

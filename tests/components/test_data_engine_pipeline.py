@@ -93,8 +93,9 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     # check_shards fails the run on the summary's verdict before anything is curated.
     check = tasks["check-shards-op"]
     assert check["dependentTasks"] == ["summary-op"]
-    verdict = check["inputs"]["parameters"]["failed_shards"]["taskOutputParameter"]
-    assert verdict == {"outputParameterKey": "failed_shards", "producerTask": "summary-op"}
+    for key in ("failed_shards", "shards"):
+        verdict = check["inputs"]["parameters"][key]["taskOutputParameter"]
+        assert verdict == {"outputParameterKey": key, "producerTask": "summary-op"}
     assert {"summary-op", "check-shards-op"} <= set(tasks["curate-op"]["dependentTasks"])
     arts = tasks["curate-op"]["inputs"]["artifacts"]
     assert set(arts) == {"events", "captions", "outcome", "dense", "rubric"}
@@ -225,6 +226,7 @@ def test_a_shard_with_bad_input_is_reported_while_the_others_complete(
         **{m: art(Dataset, m) for m in REWARD_MODES}, summary=art(Artifact, "summary"),
     )  # fmt: skip
     assert summary.failed_shards == {"1-of-2": ["segment", "caption", *REWARD_MODES]}
+    assert summary.shards == 2
     assert summary.tables["events"]["episodes_in"] == 2
     events = pd.concat(map(pd.read_parquet, (tmp_path / "events" / "events").glob("*.parquet")))
     assert set(events.episode_id) == {f"{tiny_dataset.name}/{i:06d}" for i in (0, 2)}
@@ -241,7 +243,7 @@ def test_a_shard_with_bad_input_is_reported_while_the_others_complete(
         match=r"1 of 2 shard\(s\) did not finish: shard 1-of-2: "
         r"segment, caption, outcome, dense, rubric \(the others completed\)",
     ):
-        check_shards_op.python_func(failed_shards=summary.failed_shards, shards=2)
+        check_shards_op.python_func(failed_shards=summary.failed_shards, shards=summary.shards)
     check_shards_op.python_func(failed_shards={}, shards=2)  # all finished: passes
 
     # A fault a retry may fix is not bad input: the task fails and KFP retries it.
