@@ -49,15 +49,11 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from flora.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token"
 MIB = 1024**2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _status_kib(pid: int, field: str) -> int:
@@ -150,7 +146,7 @@ def _chunked_oversized(port: int, limit: int) -> int:
 
 
 def run(model: Path, concurrency: int, bursts: int) -> dict:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLORA_SERVE_")}
     env.update(
         FLORA_SERVE_TOKEN=TOKEN,

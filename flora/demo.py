@@ -45,6 +45,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from flora.ports import free_port
 from flora.settings import FloraSettings, get_settings
 
 DAG_ID = "flora_data_engine"
@@ -196,14 +197,6 @@ class Served:
     proc: subprocess.Popen | None = None
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        return int(sk.getsockname()[1])
-
-
 def _wait_healthy(sv: Served, timeout_s: float = 600.0) -> None:
     import urllib.request
 
@@ -262,7 +255,7 @@ def serve_models(
                 continue
             ref, version = picked
             base, adapter = model_paths(download_model(model, version))
-            port = _free_port()
+            port = free_port()
             cmd = [_bin("flora"), "serve", "--model", str(base), "--port", str(port),
                    "--served-model", "flora", "--device", "cpu"]  # fmt: skip
             if adapter is not None:

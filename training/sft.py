@@ -42,7 +42,6 @@ import math
 import os
 import random
 import shutil
-import socket
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -274,12 +273,6 @@ def stream_indices(n: int, seed: int, start: int, count: int) -> list[int]:
 # --------------------------------------------------------------------------- distributed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _skip_shm_comm_build() -> None:
     """Tell DeepSpeed not to JIT-compile its shared-memory CPU all-reduce op.
 
@@ -298,7 +291,9 @@ def _skip_shm_comm_build() -> None:
 def init_distributed(local_rank: int | None = None) -> tuple[int, int]:
     """Initialise torch.distributed (gloo on CPU, nccl on GPU); returns (rank, world).
 
-    In-process (no launcher env): a one-rank group on 127.0.0.1 and a free port. Under
+    In-process (no launcher env): a one-rank group on 127.0.0.1, its store on port 0 (the
+    OS picks a free port when the store binds; no other rank has to find it, and a port
+    chosen beforehand and then closed could be taken by a parallel run in between). Under
     the ``deepspeed`` launcher / torchrun the env (RANK, WORLD_SIZE, MASTER_*) is used.
     """
     import deepspeed
@@ -309,7 +304,7 @@ def init_distributed(local_rank: int | None = None) -> tuple[int, int]:
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
             os.environ.update(
                 MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(_free_port()),
+                MASTER_PORT="0",
                 RANK="0",
                 WORLD_SIZE="1",
                 LOCAL_RANK="0",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+from flora.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "flora-test-token"
@@ -22,13 +23,6 @@ def frames(n: int, seed: int = 0, h: int = 48, w: int = 64) -> list[np.ndarray]:
     """``n`` random RGB frames (uint8 HWC)."""
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for _ in range(n)]
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

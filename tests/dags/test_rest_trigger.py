@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,15 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flora.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "flora_data_engine"
 DEADLINE_S = 900  # generous: the whole engine runs on two shared cores
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +30,7 @@ def airflow_services(tmp_path_factory, tiny_dataset):
     home, flora_home = base / "airflow_home", base / "flora_home"
     home.mkdir()
     (home / "passwords.json").write_text(json.dumps({"flora": "flora-test-password"}))
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(home),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,16 +28,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flora.ports import free_port
+
 
 class PgServerError(RuntimeError):
     """PostgreSQL or the MLflow server could not be started."""
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pg_bin(name: str) -> str:

@@ -87,7 +87,7 @@ def test_same_loss_and_parameters_for_every_micro_batch_split(single_rank_runs) 
 def test_two_gloo_ranks_match_one(tiny_base, mini_set, single_rank_runs, tmp_path) -> None:
     import torch.multiprocessing as mp
 
-    from training.sft import _free_port
+    from flora.ports import free_port
 
     recipe = tiny_recipe(
         "captioner", tiny_base, micro_batch=1, grad_accum=2, max_steps=1, eval_every=100
@@ -95,7 +95,7 @@ def test_two_gloo_ranks_match_one(tiny_base, mini_set, single_rank_runs, tmp_pat
     out = tmp_path / "dp2"
     mp.spawn(
         dp_worker,
-        args=(2, _free_port(), recipe.model_dump(mode="json"), str(mini_set), str(out)),
+        args=(2, free_port(), recipe.model_dump(mode="json"), str(mini_set), str(out)),
         nprocs=2,
         join=True,
     )
