@@ -92,17 +92,10 @@ def run_dvc(args: list[str], cwd) -> str:
     return p.stdout
 
 
-@pytest.fixture(scope="session")
-def demo_repo(tmp_path_factory):
-    """A scratch git repo with this repo's DVC setup and the demo dataset, ``dvc add``-ed.
-
-    The dataset is generated exactly as ``make demo`` does (``flora.demo.generate_dataset``
-    with the demo's episodes and seed) into ``<repo>/datasets/toy_world``, so the scratch
-    ``datasets.dvc`` must equal the committed one. Session-wide: generating the 10-episode
-    toy world is the expensive part (~30-60 s on 2 shared cores), and both the DVC tests
-    and the CI data checks (tests/validation/test_ci_data_checks.py) use it. Tests that
-    change it must restore it (the push/pull test does).
-    """
+def build_demo_repo(repo: os.PathLike | str) -> os.PathLike:
+    """A scratch git repo at ``repo`` with this repo's DVC setup and the demo dataset,
+    generated exactly as ``make demo`` does (``flora.demo.generate_dataset`` with the demo's
+    episodes and seed) into ``<repo>/datasets/toy_world`` and ``dvc add``-ed."""
     import shutil
     import subprocess
     from pathlib import Path
@@ -110,8 +103,8 @@ def demo_repo(tmp_path_factory):
     from flora.demo import DEMO_EPISODES, DEMO_SEED, generate_dataset
 
     src = Path(__file__).resolve().parents[1]
-    repo = tmp_path_factory.mktemp("dvc") / "repo"
-    repo.mkdir()
+    repo = Path(repo)
+    repo.mkdir(parents=True)
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     shutil.copytree(src / ".dvc", repo / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))
     shutil.copy(src / ".dvcignore", repo / ".dvcignore")
@@ -119,3 +112,14 @@ def demo_repo(tmp_path_factory):
     generate_dataset(repo / "datasets" / "toy_world", DEMO_EPISODES, DEMO_SEED)
     run_dvc(["add", "datasets"], repo)
     return repo
+
+
+@pytest.fixture(scope="session")
+def demo_repo(tmp_path_factory):
+    """:func:`build_demo_repo` once per session, so the scratch ``datasets.dvc`` must equal
+    the committed one. Session-wide: generating the 10-episode toy world is the expensive
+    part (~30-60 s on 2 shared cores), and both the DVC tests and the CI data checks
+    (tests/validation/test_ci_data_checks.py) use it. Tests that change it must restore it
+    (the push/pull test does).
+    """
+    return build_demo_repo(tmp_path_factory.mktemp("dvc") / "repo")

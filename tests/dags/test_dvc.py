@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import filecmp
 import shutil
+import warnings
 from pathlib import Path
 
 import yaml
@@ -39,12 +40,34 @@ def _dvc(args: list[str], cwd: Path) -> str:
 # in tests/conftest.py: the CI data checks validate the same regenerated dataset.
 
 
-def test_committed_pointer_matches_regenerated_demo_dataset(demo_repo):
-    fresh = yaml.safe_load((demo_repo / "datasets.dvc").read_text())["outs"][0]
-    committed = yaml.safe_load((REPO / "datasets.dvc").read_text())["outs"][0]
+def _pointer(repo: Path) -> dict:
+    return yaml.safe_load((repo / "datasets.dvc").read_text())["outs"][0]
+
+
+def test_committed_pointer_matches_regenerated_demo_dataset(demo_repo, tmp_path):
+    """A stale pointer differs on every regeneration. x264 has, rarely, encoded one block
+    of identical frames differently (docs/dataset.md, "Determinism of the bytes": seen
+    again on 2026-12-02 with the encoder in its own process), so a first mismatch is
+    regenerated once more before it counts as stale; the flip is reported as a warning
+    naming the files."""
+    committed = _pointer(REPO)
+    fresh = _pointer(demo_repo)
     assert fresh["path"] == committed["path"] == "datasets"
+    if fresh["md5"] != committed["md5"]:
+        from tests.conftest import build_demo_repo
+
+        again = build_demo_repo(tmp_path / "again")
+        differ = [p.relative_to(demo_repo) for p in sorted(demo_repo.rglob("datasets/**/*"))
+                  if p.is_file() and not filecmp.cmp(p, again / p.relative_to(demo_repo),
+                                                     shallow=False)]  # fmt: skip
+        fresh = _pointer(again)
+        if fresh["md5"] == committed["md5"]:
+            warnings.warn(f"one of two demo-dataset generations differed in {differ} "
+                          "(the rare x264 flip, docs/dataset.md); the other matches the "
+                          "committed datasets.dvc", stacklevel=1)  # fmt: skip
     assert fresh["md5"] == committed["md5"], (
-        "datasets.dvc is stale: run `make demo` and commit datasets.dvc"
+        "datasets.dvc is stale (two regenerations differ from it): run `make demo` and "
+        "commit datasets.dvc"
     )
     assert (fresh["size"], fresh["nfiles"]) == (committed["size"], committed["nfiles"])
 
