@@ -45,11 +45,10 @@ def _pointer(repo: Path) -> dict:
 
 
 def test_committed_pointer_matches_regenerated_demo_dataset(demo_repo, tmp_path):
-    """A stale pointer differs on every regeneration. x264 has, rarely, encoded one block
-    of identical frames differently (docs/dataset.md, "Determinism of the bytes": seen
-    again on 2026-12-02 with the encoder in its own process), so a first mismatch is
-    regenerated once more before it counts as stale; the flip is reported as a warning
-    naming the files."""
+    """A stale pointer differs on every regeneration. About one generation in 60 flips
+    one video file to the same alternative bytes (docs/dataset.md, "Determinism of the
+    bytes"; renderer or x264: not yet known), so a first mismatch is regenerated once more
+    before it counts as stale; the flip is reported as a warning naming the files."""
     committed = _pointer(REPO)
     fresh = _pointer(demo_repo)
     assert fresh["path"] == committed["path"] == "datasets"
@@ -63,7 +62,7 @@ def test_committed_pointer_matches_regenerated_demo_dataset(demo_repo, tmp_path)
         fresh = _pointer(again)
         if fresh["md5"] == committed["md5"]:
             warnings.warn(f"one of two demo-dataset generations differed in {differ} "
-                          "(the rare x264 flip, docs/dataset.md); the other matches the "
+                          "(the rare video byte flip, docs/dataset.md); the other matches the "
                           "committed datasets.dvc", stacklevel=1)  # fmt: skip
     assert fresh["md5"] == committed["md5"], (
         "datasets.dvc is stale (two regenerations differ from it): run `make demo` and "
