@@ -311,6 +311,10 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
             gupd["lr"] = args.grpo_lr
         if args.grpo_prompts_per_step is not None:
             gupd["prompts_per_step"] = args.grpo_prompts_per_step
+        if args.grpo_beta is not None:
+            gupd["beta"] = args.grpo_beta
+        if args.grpo_guided_kl is not None:
+            gupd["guided_kl"] = args.grpo_guided_kl
         upd["grpo"] = recipe.grpo.model_copy(update=gupd)
     if args.init_from and model != "segmenter":  # continue a released full-weight model
         upd["init_from"] = str(args.init_from / model)
@@ -602,6 +606,10 @@ def main() -> None:
                     help="with --guided: run GRPO with grammar-guided rollouts only")  # fmt: skip
     ap.add_argument("--grpo-prompts-per-step", type=int, default=None,
                     help="Override the recipes' GRPO prompts per step.")  # fmt: skip
+    ap.add_argument("--grpo-beta", type=float, default=None,
+                    help="Override the recipes' GRPO KL coefficient.")  # fmt: skip
+    ap.add_argument("--grpo-guided-kl", choices=("masked", "unmasked"), default=None,
+                    help="Override grpo.guided_kl (the KL of guided rollouts).")  # fmt: skip
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--plot", default="learning.png", help="file name under docs/img/")

@@ -117,6 +117,7 @@ def grpo_loss(
     beta: float = 0.02,
     ref_logp: torch.Tensor | None = None,
     n_tokens: int | None = None,
+    kl_logp: torch.Tensor | None = None,
 ) -> LossParts:
     """Clipped-ratio GRPO loss with a k3 KL penalty, token-level normalised.
 
@@ -126,6 +127,8 @@ def grpo_loss(
     ``n_tokens`` is the denominator: the number of loss tokens of the *whole* step, so
     micro-batches can be backpropagated one by one and their gradients add up to the
     gradient of the step loss (default: ``mask.sum()``). ``beta = 0`` needs no reference.
+    ``kl_logp`` is the policy's side of the KL when it is not ``logp`` (guided rollouts with
+    an unmasked KL: ``ref_logp`` is then unmasked too); default ``logp``.
 
     A token is "clipped" when the clip removes its gradient: ``ρ > 1 + ε`` with ``A > 0``
     or ``ρ < 1 - ε`` with ``A < 0``.
@@ -146,7 +149,8 @@ def grpo_loss(
     per_token = -objective
     kl = torch.zeros_like(logp)
     if beta > 0:
-        kl = k3_kl(logp, ref_logp.detach())  # type: ignore[union-attr]
+        pol = logp if kl_logp is None else kl_logp
+        kl = k3_kl(pol, ref_logp.detach())  # type: ignore[union-attr]
         per_token = per_token + beta * kl
     if denom <= 0:
         # Nothing to learn from in this step (every group dropped): a zero that still
@@ -375,6 +379,18 @@ def completion_logprobs(model: torch.nn.Module, group: EncodedGroup) -> torch.Te
     position — so a forced token has log-probability 0 and no gradient, and an update
     moves probability only among allowed tokens (docs/training.md, guided rollouts).
     """
+    return completion_logprobs_pair(model, group)[0]
+
+
+def completion_logprobs_pair(
+    model: torch.nn.Module, group: EncodedGroup
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sampled, raw)`` log-probabilities of the completion tokens from one forward pass.
+
+    ``sampled`` is :func:`completion_logprobs` (the masked policy for guided rollouts),
+    ``raw`` the unmasked log-softmax — what free decoding reads. Without ``group.allowed``
+    both are the same tensor. The guided KL of ``grpo.guided_kl: unmasked`` needs both.
+    """
     dev = next(model.parameters()).device
     inputs = {k: v.to(dev) for k, v in group.inputs.items()}
     out = model(**inputs, use_cache=False)
@@ -382,15 +398,15 @@ def completion_logprobs(model: torch.nn.Module, group: EncodedGroup) -> torch.Te
     # Logits at position t predict token t+1: the completion starts at index p.
     logits = out.logits[:, p - 1 : -1, :].float()
     ids = group.completion_ids.to(dev)
+    keep = group.completion_mask.to(dev).to(logits.dtype)
     tok_logit = logits.gather(-1, ids[..., None]).squeeze(-1)
+    raw = (tok_logit - torch.logsumexp(logits, dim=-1)) * keep
     if group.allowed is None:
-        norm = torch.logsumexp(logits, dim=-1)
-    else:
-        allowed = group.allowed.to(dev)
-        sel = logits.gather(-1, allowed.clamp(min=0))
-        norm = torch.logsumexp(sel.masked_fill(allowed < 0, float("-inf")), dim=-1)
-    tok_lp = tok_logit - norm
-    return tok_lp * group.completion_mask.to(dev).to(tok_lp.dtype)
+        return raw, raw
+    allowed = group.allowed.to(dev)
+    sel = logits.gather(-1, allowed.clamp(min=0))
+    norm = torch.logsumexp(sel.masked_fill(allowed < 0, float("-inf")), dim=-1)
+    return (tok_logit - norm) * keep, raw
 
 
 def guide_support(mask: Any, group: EncodedGroup) -> torch.Tensor:
@@ -441,6 +457,8 @@ class GRPOConfig:
     max_new_tokens: int = 128
     judge: str = "embedding"
     guided: bool = False  # rollouts within the request's grammar regex (recipe grpo.guided)
+    # Guided rollouts: the KL compares masked policies, or the unmasked ones (free decoding)
+    guided_kl: str = "masked"
     inner_steps: int = 1  # updates per rollout batch (μ); >1 makes the clip bite
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -467,6 +485,7 @@ class GRPOConfig:
             "max_new_tokens": g.max_new_tokens,
             "judge": g.judge,
             "guided": g.guided,
+            "guided_kl": g.guided_kl,
             "max_grad_norm": getattr(recipe, "max_grad_norm", 1.0),
             "seed": getattr(recipe, "seed", 0),
             "zero_stage": getattr(recipe, "zero_stage", 2),
@@ -483,6 +502,8 @@ class GRPOConfig:
             raise ValueError("beta must be >= 0 and clip_eps > 0")
         if self.inner_steps < 1 or self.prompts_per_step < 1 or self.max_steps < 1:
             raise ValueError("inner_steps, prompts_per_step and max_steps must be >= 1")
+        if self.guided_kl not in ("masked", "unmasked"):
+            raise ValueError(f"guided_kl must be 'masked' or 'unmasked', got {self.guided_kl!r}")
 
 
 # --------------------------------------------------------------------------- one step
@@ -579,6 +600,10 @@ def grpo_step(
     n_tokens = int(sum(int(e.completion_mask.sum()) for e in encoded if e is not None))
     if all_sum is not None:
         n_tokens = int(round(all_sum(float(n_tokens))))
+    # With an unmasked KL the penalty reads the raw log-probs of both policies (the masked
+    # ones still carry the policy-gradient term): it anchors what free decoding samples from,
+    # forced tokens included, which the masked term cannot reach.
+    raw_kl = cfg.guided_kl == "unmasked"
     old: list[torch.Tensor | None] = [None] * len(prompts)
     ref: list[torch.Tensor | None] = [None] * len(prompts)
     with torch.no_grad():
@@ -589,7 +614,7 @@ def grpo_step(
                 old[i] = completion_logprobs(fwd, e)
             if cfg.beta > 0:
                 assert reference is not None
-                ref[i] = completion_logprobs(reference, e)
+                ref[i] = completion_logprobs_pair(reference, e)[1 if raw_kl else 0]
 
     loss_sum = kl_sum = clip_sum = 0.0
     k_sum = 0
@@ -599,7 +624,7 @@ def grpo_step(
                 if zero_backward is not None:
                     zero_backward()
                 continue
-            logp = completion_logprobs(fwd, e)
+            logp, raw = completion_logprobs_pair(fwd, e)
             parts = grpo_loss(
                 logp,
                 old[i] if old[i] is not None else logp.detach(),
@@ -609,6 +634,7 @@ def grpo_step(
                 beta=cfg.beta,
                 ref_logp=ref[i],
                 n_tokens=n_tokens,
+                kl_logp=raw if raw_kl else None,
             )
             backward(parts.loss)
             loss_sum += float(parts.loss.detach())

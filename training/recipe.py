@@ -66,8 +66,12 @@ class GRPORecipe(_Strict):
     max_new_tokens: int = Field(128, ge=1)
     judge: Literal["embedding", "llm"] = "embedding"
     # Sample rollouts within each request's grammar regex (as the served engine decodes).
-    # The ratio and KL stay those of the unmasked policy; see docs/training.md.
+    # The policy-gradient term then scores the masked policy they came from; see
+    # docs/training.md ("Guided rollouts").
     guided: bool = False
+    # With guided rollouts, the KL to the reference between the masked policies, or between
+    # the unmasked ones (anchors free decoding, forced tokens included).
+    guided_kl: Literal["masked", "unmasked"] = "masked"
 
 
 class Recipe(_Strict):

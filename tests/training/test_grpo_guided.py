@@ -8,7 +8,13 @@ from types import SimpleNamespace
 import torch
 
 from flora.backends.guided import PrefixMask
-from training.grpo import EncodedGroup, completion_logprobs, guide_support
+from training.grpo import (
+    EncodedGroup,
+    completion_logprobs,
+    completion_logprobs_pair,
+    grpo_loss,
+    guide_support,
+)
 
 # Answers "01" or "02": the first token and the stop token are forced, the second a choice.
 ANSWERS = ("01", "02")
@@ -89,6 +95,46 @@ def test_a_forced_token_gets_no_gradient_and_disallowed_logits_none():
     model.logits.grad = None
     completion_logprobs(model, replace(grp, allowed=None)).sum().backward()
     assert torch.count_nonzero(model.logits.grad[0, 1:-1]) == 12
+
+
+def test_the_pair_is_the_masked_and_the_raw_logprobs_of_one_forward():
+    torch.manual_seed(1)
+    grp = _group([[0, 1, EOS], [0, 2, EOS]])
+    guided = replace(grp, allowed=guide_support(_mask(), grp))
+    model = FixedLogits(torch.randn(2, 5, 4))
+    sampled, raw = completion_logprobs_pair(model, guided)
+    assert torch.equal(sampled, completion_logprobs(model, guided))
+    assert torch.equal(raw, completion_logprobs(model, grp))
+    assert bool((raw < sampled).all())  # the masked policy concentrates on fewer tokens
+    a, b = completion_logprobs_pair(model, grp)  # unguided: one distribution
+    assert a is b
+
+
+def test_an_unmasked_kl_reaches_the_forced_tokens_the_masked_kl_cannot():
+    """Free decoding reads the unmasked distribution, forced positions included: with
+    ``guided_kl: unmasked`` the KL pulls a drifted forced token back; masked, it cannot."""
+    grp = _group([[0, 1, EOS]])
+    grp = replace(grp, allowed=guide_support(_mask(), grp))
+    ref_logits = torch.randn(1, 5, 4)
+    drifted = ref_logits.clone()
+    drifted[0, 1, 0] -= 2.0  # the forced first token lost probability under free decoding
+    ref = FixedLogits(ref_logits)
+    adv = torch.zeros(1)  # no policy-gradient signal: only the KL acts
+
+    def forced_grad(unmasked: bool) -> tuple[float, float]:
+        model = FixedLogits(drifted.clone())
+        lp, raw = completion_logprobs_pair(model, grp)
+        ref_lp = completion_logprobs_pair(ref, grp)[1 if unmasked else 0].detach()
+        parts = grpo_loss(lp, lp.detach(), adv, grp.completion_mask, beta=0.5,
+                          ref_logp=ref_lp, kl_logp=raw if unmasked else None)  # fmt: skip
+        parts.loss.backward()
+        return float(model.logits.grad[0, 1, 0]), parts.kl
+
+    g_masked, kl_masked = forced_grad(False)
+    g_raw, kl_raw = forced_grad(True)
+    assert g_masked == 0.0 and kl_masked == 0.0  # the forced token has log-prob 0 both sides
+    assert kl_raw > 0.0
+    assert g_raw < 0.0  # descent raises the forced token's logit back towards the reference
 
 
 def test_tiny_model_segment_answer_under_its_guide(tiny_vlm_dir):

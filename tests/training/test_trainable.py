@@ -140,6 +140,7 @@ def test_vision_lr_reaches_the_deepspeed_optimizer(tiny_base, mini_set, tmp_path
         ({"typo_field": 1}, "Extra inputs"),
         ({"base": "Qwen/Qwen3.5-9B", "max_pixels": 18432}, "loaded with its own processor"),
         ({"max_pixels": 100}, "greater than or equal to 1024"),
+        ({"grpo": {"guided": True, "guided_kl": "full"}}, "guided_kl"),
     ],
 )
 def test_bad_recipes_are_refused(override, message) -> None:
@@ -164,3 +165,13 @@ def test_every_shipped_recipe_loads_and_production_names_qwen35() -> None:
         0.02,
         "token",
     )
+
+
+def test_the_guided_kl_choice_reaches_the_grpo_config() -> None:
+    from training.grpo import GRPOConfig
+
+    assert GRPOConfig.from_recipe(load_recipe("segmenter-small")).guided_kl == "masked"
+    r = load_recipe("segmenter-small", grpo={"guided": True, "guided_kl": "unmasked"})
+    assert GRPOConfig.from_recipe(r).guided_kl == "unmasked"
+    with pytest.raises(ValueError, match="guided_kl"):
+        GRPOConfig(guided_kl="full")
