@@ -1,11 +1,11 @@
 """Peak resident memory of ``flora serve`` under its largest accepted request and a burst of
 rejected ones (issue 15: a bounded server).
 
-Starts ``flora serve`` as a subprocess on a free 127.0.0.1 port with its **default** limits
-(``FLORA_SERVE_*`` unset; token from ``FLORA_SERVE_TOKEN``) over a tiny random model
-(built offline) or ``--model``, then, phase by phase, resets and reads the server's peak
-resident set (``VmHWM`` in ``/proc/<pid>/status``; ``echo 5 > /proc/<pid>/clear_refs``
-resets it to the current RSS between phases):
+Starts ``flora serve`` as a subprocess on 127.0.0.1, port 0 (it announces the port),
+with its **default** limits (``FLORA_SERVE_*`` unset; token from ``FLORA_SERVE_TOKEN``)
+over a tiny random model (built offline) or ``--model``, then, phase by phase, resets and
+reads the server's peak resident set (``VmHWM`` in ``/proc/<pid>/status``; ``echo 5 >
+/proc/<pid>/clear_refs`` resets it to the current RSS between phases):
 
 1. ``idle`` — after start-up and one small warm-up request;
 2. ``largest_accepted`` — one request at every limit at once: ``max_images`` PNG frames
@@ -49,7 +49,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from flora.ports import free_port
+from flora.ports import await_port
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token"
@@ -146,7 +146,6 @@ def _chunked_oversized(port: int, limit: int) -> int:
 
 
 def run(model: Path, concurrency: int, bursts: int) -> dict:
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLORA_SERVE_")}
     env.update(
         FLORA_SERVE_TOKEN=TOKEN,
@@ -155,9 +154,12 @@ def run(model: Path, concurrency: int, bursts: int) -> dict:
         PYTHONPATH=str(REPO),
     )
     cmd = [sys.executable, "-m", "flora.cli", "serve", "--model", str(model)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--batch-size", "4"]
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    port_file = Path(log.name).with_suffix(".port")
+    cmd += ["--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file)]
+    cmd += ["--device", "cpu", "--batch-size", "4"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    port = await_port(port_file, proc, 120.0, "flora serve")
     url = f"http://127.0.0.1:{port}"
     h = {"Authorization": f"Bearer {TOKEN}"}
     out: dict = {"server_pid": proc.pid}

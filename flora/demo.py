@@ -45,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from flora.ports import free_port
+from flora.ports import await_port
 from flora.settings import FloraSettings, get_settings
 
 DAG_ID = "flora_data_engine"
@@ -193,8 +193,9 @@ class Served:
     model: str
     ref: str  # "champion", or "challenger" when no version passed the gates yet
     version: str
-    url: str
+    url: str = ""  # known once the server announced the port it bound
     proc: subprocess.Popen | None = None
+    port_file: Path | None = None
 
 
 def _wait_healthy(sv: Served, timeout_s: float = 600.0) -> None:
@@ -255,20 +256,26 @@ def serve_models(
                 continue
             ref, version = picked
             base, adapter = model_paths(download_model(model, version))
-            port = free_port()
-            cmd = [_bin("flora"), "serve", "--model", str(base), "--port", str(port),
-                   "--served-model", "flora", "--device", "cpu"]  # fmt: skip
+            # Port 0: the server binds what the OS gives and announces it (no port race).
+            port_file = log.parent / f"serve-{model}.port"
+            port_file.unlink(missing_ok=True)
+            cmd = [_bin("flora"), "serve", "--model", str(base), "--port", "0",
+                   "--port-file", str(port_file), "--served-model", "flora",
+                   "--device", "cpu"]  # fmt: skip
             if adapter is not None:
                 cmd += ["--adapter", str(adapter)]
             fh = log.open("a")
             fh.write(f"\n$ {' '.join(cmd)}\n")
             fh.flush()
-            sv = Served(model, ref, version, f"http://127.0.0.1:{port}/v1")
+            sv = Served(model, ref, version, port_file=port_file)
             sv.proc = subprocess.Popen(cmd, env={**env, "FLORA_SERVE_TOKEN": token,
                                                  "OMP_NUM_THREADS": "1"},
                                        stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
             served[model] = sv
         for sv in served.values():
+            assert sv.proc is not None and sv.port_file is not None
+            port = await_port(sv.port_file, sv.proc, 600.0, f"flora serve for {sv.model}")
+            sv.url = f"http://127.0.0.1:{port}/v1"
             _wait_healthy(sv)
         yield served
     finally:

@@ -15,7 +15,10 @@ def serve_cmd(
     model: str = typer.Option(None, "--model", help="Checkpoint dir or hub id (FLORA_MODEL_PATH)."),
     adapter: str = typer.Option(None, "--adapter", help="PEFT adapter dir (FLORA_ADAPTER_PATH)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(8000, "--port", min=0, help="0: the OS picks (see --port-file)."),
+    port_file: Path = typer.Option(
+        None, "--port-file", help="Write the bound port here once listening (for --port 0)."
+    ),
     token: str = typer.Option(
         None,
         "--token",
@@ -75,6 +78,7 @@ def serve_cmd(
             retry_after_s=retry_after_s,
         ),
         settings=s,
+        port_file=port_file,
     )
 
 

@@ -805,16 +805,29 @@ def serve(
     batch_size: int = 8,
     faults: Faults | None = None,
     settings: FloraSettings | None = None,
+    port_file: Path | None = None,
 ) -> None:
-    """Load the model and serve it until interrupted (blocking)."""
+    """Load the model and serve it until interrupted (blocking).
+
+    The socket is bound here, after the model loaded: with ``port=0`` the OS picks the
+    port, which is logged and, with ``port_file``, written there for whoever started the
+    server (:func:`flora.ports.await_port`) — so no port is chosen beforehand and lost to
+    another process in between.
+    """
     import uvicorn
+
+    from flora.ports import announce_port, listen
 
     backend = TransformersBackend(model, adapter_path=adapter, device=device, batch_size=batch_size)
     app = create_app(
         backend, served_model=served_model, token=token, faults=faults, settings=settings
     )
-    log.info("serving %s as %r on http://%s:%d", backend.model_version, served_model, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    sock = listen(host, port)
+    bound = int(sock.getsockname()[1])
+    log.info("serving %s as %r on http://%s:%d", backend.model_version, served_model, host, bound)
+    if port_file is not None:
+        announce_port(port_file, bound)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 __all__ = [

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from flora.ports import free_port
+from flora.ports import await_port
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "flora-test-token"
@@ -38,15 +38,24 @@ class Server:
 
 
 def start_server(model: Path, log: Path, *extra: str, timeout_s: float = 120.0) -> Server:
-    """Start ``python -m flora.cli serve`` on a free loopback port; wait for /health."""
-    port = free_port()
+    """Start ``python -m flora.cli serve`` on port 0 (the port it announces); wait for
+    /health."""
+    port_file = log.with_suffix(".port")
+    port_file.unlink(missing_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "flora.cli", "serve", "--model", str(model)]
-    cmd += ["--port", str(port), "--device", "cpu", "--batch-size", "4", *extra]
+    cmd += ["--port", "0", "--port-file", str(port_file), "--device", "cpu", "--batch-size", "4"]
+    cmd += extra
     fh = log.open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
+    try:
+        port = await_port(port_file, proc, timeout_s, "flora serve")
+    except RuntimeError as e:
+        proc.kill()
+        proc.wait(timeout=5)
+        raise RuntimeError(f"{e}:\n{log.read_text()}") from e
+    url = f"http://127.0.0.1:{port}"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"flora serve exited with {proc.returncode}:\n{log.read_text()}")

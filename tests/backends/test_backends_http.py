@@ -182,7 +182,7 @@ def test_timeouts_and_500s_retried_then_success(tiny_model, tmp_path):
 
 
 def test_connection_errors_are_retried_then_reported():
-    from tests.backends.backend_helpers import free_port
+    from flora.ports import free_port
 
     client = OpenAIBackend(
         f"http://127.0.0.1:{free_port()}", timeout_s=2, max_retries=2, backoff_s=0.01

@@ -381,7 +381,7 @@ def test_probes_find_a_server_without_the_capabilities():
 
 
 def test_health_check_reports_a_down_server():
-    from tests.backends.backend_helpers import free_port
+    from flora.ports import free_port
 
     client = OpenAIBackend(f"http://127.0.0.1:{free_port()}")
     h = client.health(timeout_s=1)
