@@ -315,6 +315,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
             gupd["beta"] = args.grpo_beta
         if args.grpo_guided_kl is not None:
             gupd["guided_kl"] = args.grpo_guided_kl
+        if args.grpo_guided_share is not None:
+            gupd["guided_share"] = args.grpo_guided_share
         upd["grpo"] = recipe.grpo.model_copy(update=gupd)
     if args.init_from and model != "segmenter":  # continue a released full-weight model
         upd["init_from"] = str(args.init_from / model)
@@ -610,6 +612,8 @@ def main() -> None:
                     help="Override the recipes' GRPO KL coefficient.")  # fmt: skip
     ap.add_argument("--grpo-guided-kl", choices=("masked", "unmasked"), default=None,
                     help="Override grpo.guided_kl (the KL of guided rollouts).")  # fmt: skip
+    ap.add_argument("--grpo-guided-share", type=float, default=None,
+                    help="Override grpo.guided_share (guided share of each group).")  # fmt: skip
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--plot", default="learning.png", help="file name under docs/img/")

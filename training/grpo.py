@@ -213,10 +213,20 @@ def score_completions(
 # --------------------------------------------------------------------------- rollouts
 
 
-def rollout_requests(prompt: GRPOPrompt, group_size: int, temperature: float,
-                     max_new_tokens: int) -> list[VLMRequest]:  # fmt: skip
-    """``G`` copies of the prompt's request, sampled at ``temperature`` (ids ``…#g<j>``)."""
+def rollout_requests(
+    prompt: GRPOPrompt,
+    group_size: int,
+    temperature: float,
+    max_new_tokens: int,
+    guided: int | None = None,
+) -> list[VLMRequest]:
+    """``G`` copies of the prompt's request, sampled at ``temperature`` (ids ``…#g<j>``).
+
+    ``guided``: how many of them keep the request's grammar regex (the first ones); the
+    rest are sent without it and decode freely. Default: all keep it.
+    """
     base = prompt.request
+    n_guided = group_size if guided is None else guided
     return [
         replace(
             base,
@@ -224,6 +234,7 @@ def rollout_requests(prompt: GRPOPrompt, group_size: int, temperature: float,
             max_new_tokens=int(max_new_tokens),
             top_logprobs=0,
             request_id=f"{base.request_id or prompt.prompt_id}#g{j}",
+            guided_regex=base.guided_regex if j < n_guided else None,
         )
         for j in range(group_size)
     ]
@@ -235,10 +246,14 @@ def generate_groups(
     group_size: int,
     temperature: float,
     max_new_tokens: int,
+    guided: int | None = None,
 ) -> list[list[VLMResponse]]:
-    """One batched backend call for every completion of every prompt, regrouped per prompt."""
+    """One batched backend call for every completion of every prompt, regrouped per prompt
+    (``guided``: as :func:`rollout_requests`)."""
     reqs = [
-        r for p in prompts for r in rollout_requests(p, group_size, temperature, max_new_tokens)
+        r
+        for p in prompts
+        for r in rollout_requests(p, group_size, temperature, max_new_tokens, guided)
     ]
     resps = backend.generate(reqs)
     if len(resps) != len(reqs):
@@ -324,6 +339,9 @@ class EncodedGroup:
     # (G, Tc, K) token ids the guide allowed at each completion position, -1 padded;
     # set for guided rollouts (:func:`guide_support`), None otherwise.
     allowed: torch.Tensor | None = None
+    # (G,) True for completions sampled without the guide in a guided group (a mixed group,
+    # grpo.guided_share < 1): they are scored under the unmasked policy they came from.
+    free_rows: torch.Tensor | None = None
 
 
 def encode_group(processor: Any, request: VLMRequest, completions: Sequence[str]) -> EncodedGroup:
@@ -387,9 +405,10 @@ def completion_logprobs_pair(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sampled, raw)`` log-probabilities of the completion tokens from one forward pass.
 
-    ``sampled`` is :func:`completion_logprobs` (the masked policy for guided rollouts),
-    ``raw`` the unmasked log-softmax — what free decoding reads. Without ``group.allowed``
-    both are the same tensor. The guided KL of ``grpo.guided_kl: unmasked`` needs both.
+    ``sampled`` is :func:`completion_logprobs` (the masked policy for guided rollouts,
+    the raw one for the ``free_rows`` of a mixed group), ``raw`` the unmasked log-softmax —
+    what free decoding reads. Without ``group.allowed`` both are the same tensor. The guided
+    KL of ``grpo.guided_kl: unmasked`` needs both.
     """
     dev = next(model.parameters()).device
     inputs = {k: v.to(dev) for k, v in group.inputs.items()}
@@ -406,25 +425,30 @@ def completion_logprobs_pair(
     allowed = group.allowed.to(dev)
     sel = logits.gather(-1, allowed.clamp(min=0))
     norm = torch.logsumexp(sel.masked_fill(allowed < 0, float("-inf")), dim=-1)
-    return (tok_logit - norm) * keep, raw
+    masked = (tok_logit - norm) * keep
+    if group.free_rows is not None:
+        masked = torch.where(group.free_rows.to(dev)[:, None], raw, masked)
+    return masked, raw
 
 
-def guide_support(mask: Any, group: EncodedGroup) -> torch.Tensor:
+def guide_support(mask: Any, group: EncodedGroup, skip: Sequence[bool] = ()) -> torch.Tensor:
     """``(G, Tc, K)`` the token ids ``mask`` (a :class:`~flora.backends.guided.PrefixMask`)
     allows at each completion position of ``group``, right-padded with -1.
 
     The prefix at position t is the text of the completion's first t tokens. The actual
     token is always in its position's set (re-tokenised text, or an answer cut short before
     it completed and then given the stop token), so every log-probability stays finite.
-    Padding positions get their own (pad) token alone.
+    Padding positions get their own (pad) token alone, and so does every position of a row
+    whose ``skip`` is true (a free rollout of a mixed group: scored unmasked, and a free
+    answer that left the grammar would cost a vocabulary scan per position).
     """
     ids = group.completion_ids.tolist()
     n = group.completion_mask.sum(dim=1).tolist()
     rows: list[list[list[int]]] = []
-    for g_ids, g_n in zip(ids, n, strict=True):
+    for r, (g_ids, g_n) in enumerate(zip(ids, n, strict=True)):
         prefix, row = "", []
         for t, tok in enumerate(g_ids):
-            if t >= g_n:
+            if t >= g_n or (r < len(skip) and skip[r]):
                 row.append([tok])
                 continue
             allowed = mask.allowed(prefix)
@@ -459,6 +483,8 @@ class GRPOConfig:
     guided: bool = False  # rollouts within the request's grammar regex (recipe grpo.guided)
     # Guided rollouts: the KL compares masked policies, or the unmasked ones (free decoding)
     guided_kl: str = "masked"
+    # Guided rollouts: the share of each group sampled under the guide (the rest free)
+    guided_share: float = 1.0
     inner_steps: int = 1  # updates per rollout batch (μ); >1 makes the clip bite
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -486,12 +512,17 @@ class GRPOConfig:
             "judge": g.judge,
             "guided": g.guided,
             "guided_kl": g.guided_kl,
+            "guided_share": g.guided_share,
             "max_grad_norm": getattr(recipe, "max_grad_norm", 1.0),
             "seed": getattr(recipe, "seed", 0),
             "zero_stage": getattr(recipe, "zero_stage", 2),
         }
         kw.update(overrides)
         return cls(**kw)
+
+    def guided_rollouts(self) -> int:
+        """Completions per group sampled under the guide (the first ones; at least one)."""
+        return max(1, min(self.group_size, round(self.guided_share * self.group_size)))
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -502,6 +533,8 @@ class GRPOConfig:
             raise ValueError("beta must be >= 0 and clip_eps > 0")
         if self.inner_steps < 1 or self.prompts_per_step < 1 or self.max_steps < 1:
             raise ValueError("inner_steps, prompts_per_step and max_steps must be >= 1")
+        if not 0.0 < self.guided_share <= 1.0:
+            raise ValueError(f"guided_share must be in (0, 1], got {self.guided_share}")
         if self.guided_kl not in ("masked", "unmasked"):
             raise ValueError(f"guided_kl must be 'masked' or 'unmasked', got {self.guided_kl!r}")
 
@@ -567,8 +600,9 @@ def grpo_step(
     """
     fwd = forward if forward is not None else policy
     t0 = time.perf_counter()
+    n_guided = cfg.guided_rollouts() if masks is not None else None
     resp_groups = generate_groups(
-        backend, prompts, cfg.group_size, cfg.temperature, cfg.max_new_tokens
+        backend, prompts, cfg.group_size, cfg.temperature, cfg.max_new_tokens, n_guided
     )
     reward_groups: list[list[Reward]] = []
     texts: list[list[str]] = []
@@ -596,7 +630,11 @@ def grpo_step(
         for p, e in zip(prompts, encoded, strict=True):
             mask = masks(p.request) if e is not None else None
             if mask is not None:
-                e.allowed = guide_support(mask, e)
+                if n_guided is not None and n_guided < cfg.group_size:
+                    e.free_rows = torch.arange(cfg.group_size) >= n_guided
+                e.allowed = guide_support(
+                    mask, e, [] if e.free_rows is None else e.free_rows.tolist()
+                )
     n_tokens = int(sum(int(e.completion_mask.sum()) for e in encoded if e is not None))
     if all_sum is not None:
         n_tokens = int(round(all_sum(float(n_tokens))))

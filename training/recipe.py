@@ -72,6 +72,9 @@ class GRPORecipe(_Strict):
     # With guided rollouts, the KL to the reference between the masked policies, or between
     # the unmasked ones (anchors free decoding, forced tokens included).
     guided_kl: Literal["masked", "unmasked"] = "masked"
+    # With guided rollouts, the share of each group sampled under the guide; the rest decode
+    # freely (an unparseable one scores 0 against its guided siblings: free decoding learns).
+    guided_share: float = Field(1.0, gt=0.0, le=1.0)
 
 
 class Recipe(_Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from flora.backends.guided import PrefixMask
@@ -135,6 +136,38 @@ def test_an_unmasked_kl_reaches_the_forced_tokens_the_masked_kl_cannot():
     assert g_masked == 0.0 and kl_masked == 0.0  # the forced token has log-prob 0 both sides
     assert kl_raw > 0.0
     assert g_raw < 0.0  # descent raises the forced token's logit back towards the reference
+
+
+def test_a_mixed_group_scores_free_rows_unmasked_and_skips_their_guide():
+    """grpo.guided_share < 1: the free rows of a group are scored under the unmasked policy
+    they were sampled from, and their guide support is not computed (token alone)."""
+    torch.manual_seed(2)
+    grp = _group([[0, 1, EOS], [0, 2, EOS], [0, 0, EOS]])
+    free = [False, False, True]
+    grp = replace(grp, allowed=guide_support(_mask(), grp, free))
+    assert [sorted(x for x in a.tolist() if x >= 0) for a in grp.allowed[2]] == [[0], [0], [EOS]]
+    model = FixedLogits(torch.randn(3, 5, 4))
+    masked_all, raw = completion_logprobs_pair(model, grp)
+    mixed, raw2 = completion_logprobs_pair(model, replace(grp, free_rows=torch.tensor(free)))
+    assert torch.equal(raw, raw2)
+    assert torch.equal(mixed[:2], masked_all[:2]) and torch.equal(mixed[2], raw[2])
+
+
+def test_guided_share_sets_how_many_rollouts_keep_the_regex():
+    from flora.backends.base import VLMRequest
+    from training.grpo import GRPOConfig, GRPOPrompt, rollout_requests
+
+    req = VLMRequest(prompt="p", guided_regex="[0-9]+", request_id="w0")
+    prompt = GRPOPrompt("segmenter", req, "w0", n_ticks=10)
+    cfg = GRPOConfig(group_size=8, guided=True, guided_share=0.5)
+    reqs = rollout_requests(prompt, 8, 1.0, 16, cfg.guided_rollouts())
+    assert [r.guided_regex for r in reqs] == ["[0-9]+"] * 4 + [None] * 4
+    assert [r.request_id for r in reqs][-1] == "w0#g7"
+    assert all(r.guided_regex == "[0-9]+" for r in rollout_requests(prompt, 8, 1.0, 16))
+    assert GRPOConfig(group_size=8, guided_share=0.01).guided_rollouts() == 1  # at least one
+    assert GRPOConfig(group_size=8).guided_rollouts() == 8
+    with pytest.raises(ValueError, match="guided_share"):
+        GRPOConfig(guided_share=0.0)
 
 
 def test_tiny_model_segment_answer_under_its_guide(tiny_vlm_dir):

@@ -197,3 +197,48 @@ def test_guided_step_scores_the_masked_policy_with_the_rollouts_own_masks(engine
     assert stats.valid_groups >= 1 and len(seen) == stats.valid_groups
     assert all(m is live.mask_for(prompts[0].request) and m._cache for m in seen)
     assert any(not torch.equal(before[n], after) for n, after in _lora(engine).items())
+
+
+def test_a_mixed_guided_group_sends_half_free_and_scores_them_unmasked(
+    engine_and_model, monkeypatch
+):
+    """grpo.guided_share 0.5 through a pod-like backend: the first half of each group keeps
+    the grammar regex, the rest decode freely; the free rows are scored by the unmasked
+    policy (an unparseable free answer gets 0 against its guided siblings)."""
+    from dataclasses import replace
+
+    from flora.segment.grammar import segments_regex
+    from training.grpo import guide_masks
+
+    engine, processor, cfg, reference = engine_and_model
+    cfg = replace(cfg, guided=True, guided_share=0.5)
+    backend = Scripted(["0 40 1 1", "0 20 1 0", "garbage!", "0 40 1 1"])
+    prompts = [_prompt(6)]
+    prompts[0].request.guided_regex = segments_regex(prompts[0].n_ticks)
+    masks = guide_masks(backend, processor)
+    seen = []
+
+    def spy(request):
+        seen.append(request)
+        return masks(request)
+
+    import training.grpo as grpo_mod
+
+    scored = []
+    pair = grpo_mod.completion_logprobs_pair
+
+    def record(model, group):
+        scored.append((group.free_rows.tolist(), group.allowed is not None))
+        return pair(model, group)
+
+    monkeypatch.setattr(grpo_mod, "completion_logprobs_pair", record)
+    with single_torch_thread():
+        stats = grpo_step(1, engine.module, processor, prompts, backend, cfg, judge=None,
+                          reference=reference, backward=engine.backward, update=engine.step,
+                          forward=engine, masks=spy)  # fmt: skip
+    assert [r.guided_regex is not None for r in backend.requests] == [True, True, False, False]
+    # reference and policy both scored the group with its free rows marked
+    assert scored and all(s == ([False, False, True, True], True) for s in scored)
+    assert stats.valid_groups == 1 and stats.parse_rate == pytest.approx(3 / 4)
+    assert np.isfinite(stats.loss) and np.isfinite(stats.kl) and stats.kl >= 0
+    assert len(seen) == 1 and seen[0].guided_regex is not None  # the prompt's own mask
