@@ -876,6 +876,8 @@ def train_grpo(
     prompts = prompts_from_examples(examples)
     if not prompts:
         raise ValueError(f"set {set_path} has no train {recipe.model} prompts for GRPO")
+    if cfg.guided:
+        check_guided_prompts(prompts, set_path)
     if judge is None and recipe.model == "captioner":
         from training.rewards import make_judge
 
@@ -945,6 +947,18 @@ def train_grpo(
         bar.close()
         mlf.fail()
         raise
+
+
+def check_guided_prompts(prompts: Sequence[GRPOPrompt], set_path: str | Path) -> None:
+    """Guided rollouts need every prompt's grammar regex: without it a rollout would decode
+    freely while the recipe says guided. Raises ``ValueError`` naming the set and prompts."""
+    bare = [p.prompt_id for p in prompts if not p.request.guided_regex]
+    if bare:
+        raise ValueError(
+            f"set {set_path}: grpo.guided needs prompts that carry their grammar regex; "
+            f"{len(bare)} of {len(prompts)} do not (e.g. {', '.join(bare[:3])}) — a set "
+            "written before sets stored guided_regex: rebuild it with `flora train sets`"
+        )
 
 
 def guide_masks(backend: VLMBackend, processor: Any) -> Callable[[VLMRequest], Any | None]:

@@ -199,3 +199,16 @@ def test_tiny_model_segment_answer_under_its_guide(tiny_vlm_dir):
     assert torch.isfinite(masked).all() and bool((masked[real] >= raw[real] - 1e-5).all())
     forced = ((sup >= 0).sum(-1) == 1) & real
     assert forced.any() and torch.allclose(masked[forced], torch.zeros(int(forced.sum())))
+
+
+def test_guided_grpo_refuses_prompts_without_their_regex():
+    from flora.backends.base import VLMRequest
+    from training.grpo import GRPOPrompt, check_guided_prompts
+
+    def prompt(i: int, regex: str | None) -> GRPOPrompt:
+        req = VLMRequest(prompt="p", guided_regex=regex, request_id=f"w{i}")
+        return GRPOPrompt("segmenter", req, f"w{i}", n_ticks=10)
+
+    check_guided_prompts([prompt(0, "[0-9]+"), prompt(1, "[0-9]+")], "set")  # accepted
+    with pytest.raises(ValueError, match=r"set old-set: .* 1 of 2 do not \(e\.g\. w1\)"):
+        check_guided_prompts([prompt(0, "[0-9]+"), prompt(1, None)], "old-set")
