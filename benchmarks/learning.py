@@ -352,18 +352,23 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
 
         probe = random.Random(0).sample(prompts, min(args.probe_prompts, len(prompts)))
         g = recipe.grpo.group_size if recipe.grpo else 8
-        runs = [] if args.grpo_guided_only else [("", False)]
+        # The recipe's own run: its rollouts are guided when the recipe says so (a set
+        # whose prompts carry their regexes, and a guided own-prompt probe).
+        recipe_guided = bool(recipe.grpo is not None and recipe.grpo.guided)
+        if recipe_guided and guided_set is None:
+            guided_set = _guided_set(model, held, args, dataset, set_dir)
+        runs = [] if args.grpo_guided_only else [("", recipe_guided)]
         if (args.grpo_guided or args.grpo_guided_only) and guided_set:
             runs.append(("_guided", True))
         for suffix, rollouts_guided in runs:
             gdir = wd / f"grpo{suffix}"
-            name = "SFT+GRPO" + (" (guided rollouts)" if rollouts_guided else "")
+            name = "SFT+GRPO" + (" (guided rollouts)" if suffix else "")
             gset = guided_set if rollouts_guided else set_dir
             grec = recipe
-            if rollouts_guided and recipe.grpo is not None:
-                grec = recipe.model_copy(
-                    update={"grpo": recipe.grpo.model_copy(update={"guided": True})}
-                )
+            if suffix and recipe.grpo is not None:  # --grpo-guided: every rollout guided
+                share = args.grpo_guided_share if args.grpo_guided_share is not None else 1.0
+                grec = recipe.model_copy(update={"grpo": recipe.grpo.model_copy(
+                    update={"guided": True, "guided_share": share})})  # fmt: skip
             if not (gdir / "model" / "flora_model.json").is_file():
                 _log(f"{model}: {name} ({args.grpo_steps} steps)")
                 t0 = time.perf_counter()
@@ -613,7 +618,8 @@ def main() -> None:
     ap.add_argument("--grpo-guided-kl", choices=("masked", "unmasked"), default=None,
                     help="Override grpo.guided_kl (the KL of guided rollouts).")  # fmt: skip
     ap.add_argument("--grpo-guided-share", type=float, default=None,
-                    help="Override grpo.guided_share (guided share of each group).")  # fmt: skip
+                    help="Override grpo.guided_share (guided share of each group; "
+                         "--grpo-guided runs default to 1.0: all guided).")  # fmt: skip
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--plot", default="learning.png", help="file name under docs/img/")
