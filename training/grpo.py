@@ -9,6 +9,8 @@ One step:
    With ``guided`` (recipe ``grpo.guided``) rollouts are sampled within each request's
    grammar regex, as the served engine decodes, and the loss uses the masked policy's
    log-probabilities (the distribution they were sampled from; :func:`guide_support`).
+   With ``grpo.guided_share < 1`` only the first part of each group is guided; the rest
+   decode freely and are scored by the unmasked policy (mixed groups, ``free_rows``).
 2. **Rewards** (:mod:`training.rewards`): the strict grammar parses each completion; an
    unparseable one gets 0 and lowers the parse rate; the rest get ``r_seg`` against the
    window's reference segments or ``r_cap`` from the judge against the event's
