@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,15 @@ class Server:
 
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health", timeout=10).json()
+
+
+@contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses connections for the whole block: bound but never
+    listening, so no other process can take it meanwhile (a released free port could be)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
 
 
 def start_server(model: Path, log: Path, *extra: str, timeout_s: float = 120.0) -> Server:

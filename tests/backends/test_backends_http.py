@@ -182,12 +182,13 @@ def test_timeouts_and_500s_retried_then_success(tiny_model, tmp_path):
 
 
 def test_connection_errors_are_retried_then_reported():
-    from flora.ports import free_port
+    from tests.backends.backend_helpers import refused_port
 
-    client = OpenAIBackend(
-        f"http://127.0.0.1:{free_port()}", timeout_s=2, max_retries=2, backoff_s=0.01
-    )
-    out = client.generate(_reqs()[:2])
+    with refused_port() as port:
+        client = OpenAIBackend(
+            f"http://127.0.0.1:{port}", timeout_s=2, max_retries=2, backoff_s=0.01
+        )
+        out = client.generate(_reqs()[:2])
     assert all(not r.ok and "connection error" in r.error for r in out)
     assert "failed after 3 attempts" in out[0].error
     assert client.attempts == 6

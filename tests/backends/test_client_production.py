@@ -381,10 +381,11 @@ def test_probes_find_a_server_without_the_capabilities():
 
 
 def test_health_check_reports_a_down_server():
-    from flora.ports import free_port
+    from tests.backends.backend_helpers import refused_port
 
-    client = OpenAIBackend(f"http://127.0.0.1:{free_port()}")
-    h = client.health(timeout_s=1)
+    with refused_port() as port:
+        client = OpenAIBackend(f"http://127.0.0.1:{port}")
+        h = client.health(timeout_s=1)
     assert h["ok"] is False and h["reason"]
 
 
