@@ -822,7 +822,10 @@ def serve(
     app = create_app(
         backend, served_model=served_model, token=token, faults=faults, settings=settings
     )
-    sock = listen(host, port)
+    try:
+        sock = listen(host, port)
+    except OSError as e:  # e.g. the port is taken: say which, not a socket traceback
+        raise OSError(e.errno, f"flora serve cannot listen on {host}:{port}: {e.strerror}") from e
     bound = int(sock.getsockname()[1])
     log.info("serving %s as %r on http://%s:%d", backend.model_version, served_model, host, bound)
     if port_file is not None:

@@ -72,3 +72,15 @@ def test_port_zero_sockets_get_distinct_ports_and_the_file_is_replaced_whole(tmp
     finally:
         a.close()
         b.close()
+
+
+def test_serve_on_a_taken_port_says_which(tiny_vlm_dir):
+    from flora.backends.server import serve
+
+    taken = listen("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"flora serve cannot listen on 127.0.0.1:{port}"):
+            serve(str(tiny_vlm_dir("qwen3_vl")), port=port, device="cpu")
+    finally:
+        taken.close()
