@@ -47,21 +47,21 @@ def train_policy_op(
 
     from flora.policy.lerobot import PolicyTrainConfig, train_policy
 
-    out_dir = tempfile.mkdtemp(prefix="flora-policy-")
-    cfg = PolicyTrainConfig(
-        dataset=dataset_path,
-        out=out_dir,
-        events=events_path or None,
-        epochs=epochs,
-        horizon=horizon,
-        max_delay=max_delay,
-        hidden=hidden,
-        depth=depth,
-        progress=False,
-        checkpoint_every=0,
-    )
-    summary = train_policy(cfg)
-    shutil.copyfile(summary["checkpoint"], checkpoint.path)
+    with tempfile.TemporaryDirectory(prefix="flora-policy-") as out_dir:  # scratch only
+        cfg = PolicyTrainConfig(
+            dataset=dataset_path,
+            out=out_dir,
+            events=events_path or None,
+            epochs=epochs,
+            horizon=horizon,
+            max_delay=max_delay,
+            hidden=hidden,
+            depth=depth,
+            progress=False,
+            checkpoint_every=0,
+        )
+        summary = train_policy(cfg)
+        shutil.copyfile(summary["checkpoint"], checkpoint.path)
     checkpoint.metadata.update(
         {"framework": "torch", "kind": "flora.policy.dit", "mlflow_run_id": summary["run_id"]}
     )

@@ -68,9 +68,11 @@ def sft_op(
 
     from training import pipeline
 
-    out = tempfile.mkdtemp(prefix="flora-sft-")
-    trained = pipeline.sft(model, recipe, training_set.path, out, max_steps=max_steps or None)
-    shutil.copytree(trained["model_dir"], sft_model.path)
+    # Scratch space, removed once the export is copied into the artifact (kfp.local runs
+    # every component on the same machine: a kept folder per run would pile up in /tmp).
+    with tempfile.TemporaryDirectory(prefix="flora-sft-") as out:
+        trained = pipeline.sft(model, recipe, training_set.path, out, max_steps=max_steps or None)
+        shutil.copytree(trained["model_dir"], sft_model.path)
     sft_model.metadata.update({"stage": "sft", "mlflow_run_id": trained["training_run_id"]})
     return {**{k: v for k, v in trained.items() if v is not None}, "model_dir": sft_model.path}
 
@@ -91,10 +93,11 @@ def grpo_op(
 
     from training import pipeline
 
-    out = tempfile.mkdtemp(prefix="flora-grpo-")
-    trained = pipeline.grpo(model, recipe, training_set.path, {**sft, "model_dir": sft_model.path},
-                            out, max_steps=max_steps or None)  # fmt: skip
-    shutil.copytree(trained["model_dir"], trained_model.path)
+    with tempfile.TemporaryDirectory(prefix="flora-grpo-") as out:  # scratch, as in sft_op
+        trained = pipeline.grpo(model, recipe, training_set.path,
+                                {**sft, "model_dir": sft_model.path}, out,
+                                max_steps=max_steps or None)  # fmt: skip
+        shutil.copytree(trained["model_dir"], trained_model.path)
     trained_model.metadata.update({"stage": trained["stage"],
                                    "mlflow_run_id": trained["training_run_id"]})  # fmt: skip
     return {**{k: v for k, v in trained.items() if v is not None},

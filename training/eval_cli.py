@@ -59,6 +59,8 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
             set_path = build_sft_set(model, dataset, Path(tempfile.mkdtemp()) / "set",
                                      split_fraction=split_fraction)  # fmt: skip
+            # kept (the MLflow tags name it): say where, so a rerun can pass --set
+            typer.echo(f"built the set at {set_path} (pass --set to reuse it)")
         model_dir = registered_model_dir(model, version) if version is not None else path
         examples = heldout_examples(model, set_path, limit=episodes)
         j = None

@@ -26,3 +26,13 @@ def _restore_print_and_root_logger():
     builtins.print = original_print
     root.setLevel(level)
     root.handlers[:] = handlers
+
+
+@pytest.fixture
+def task_tmp(tmp_path, monkeypatch):
+    """The temp dir kfp.local's task subprocesses use (``TMPDIR``), to check that a
+    component's scratch folders are removed, not left to pile up on the machine."""
+    scratch = tmp_path / "task_tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    return scratch

@@ -53,7 +53,7 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     ]  # fmt: skip
 
 
-def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tmp_path):
+def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tmp_path, task_tmp):
     from kfp import local
     from mlflow.tracking import MlflowClient
 
@@ -73,6 +73,7 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tmp_path)
 
     ckpts = list((tmp_path / "kfp_root").rglob("train-policy-op/checkpoint"))
     assert len(ckpts) == 1 and ckpts[0].stat().st_size > 0
+    assert not list(task_tmp.glob("flora-policy-*"))  # the trainer's scratch went with it
     reports = list((tmp_path / "kfp_root").rglob("evaluate-policy-op/report"))
     rep = json.loads(reports[0].read_text())
     assert {r["d"] for r in rep["rows"]} == {0, 1, 2}

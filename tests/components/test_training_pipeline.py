@@ -60,7 +60,7 @@ def test_compiles_to_committed_yaml(tmp_path, monkeypatch):
     assert {t["retryPolicy"]["maxRetryCount"] for t in tasks.values()} == {1}
 
 
-def test_runs_the_tiny_recipe_locally(flora_home, tiny_dataset, tmp_path):
+def test_runs_the_tiny_recipe_locally(flora_home, tiny_dataset, tmp_path, task_tmp):
     """kfp.local ignores the Kubernetes platform config, images and resources."""
     from kfp import local
     from mlflow.tracking import MlflowClient
@@ -99,6 +99,8 @@ def test_runs_the_tiny_recipe_locally(flora_home, tiny_dataset, tmp_path):
     assert rep["baseline"] and "eval.r_cap" in rep["baseline"]  # the untrained base, too
     models = list((tmp_path / "kfp_root").rglob("grpo-op/trained_model/flora_model.json"))
     assert len(models) == 1
+    # The SFT and GRPO scratch folders went with their tasks (copied into the artifacts).
+    assert not list(task_tmp.glob("flora-*")), sorted(p.name for p in task_tmp.iterdir())
 
 
 def test_kfp_platform_config_does_not_import_airflow():
