@@ -560,11 +560,19 @@ class StepStats:
     tokens: int
     failed_completions: int
     seconds: float
+    # Mixed groups only (``guided_share`` < 1): each half on its own, as the pooled mean is
+    # dominated by whichever half parses less; NaN (and not logged) otherwise.
+    guided_reward_mean: float = math.nan
+    guided_parse_rate: float = math.nan
+    free_reward_mean: float = math.nan
+    free_parse_rate: float = math.nan
 
     def metrics(self) -> dict[str, float]:
         d = asdict(self)
         d.pop("step")
-        return {f"grpo.{k}": float(v) for k, v in d.items()}
+        halves = {f"{h}_{m}" for h in ("guided", "free") for m in ("reward_mean", "parse_rate")}
+        return {f"grpo.{k}": float(v) for k, v in d.items()
+                if not (k in halves and math.isnan(v))}  # fmt: skip
 
 
 def _stack_rewards(groups: Sequence[Sequence[Reward]]) -> torch.Tensor:
@@ -620,9 +628,13 @@ def grpo_step(
         texts.append(tx)
     R = _stack_rewards(reward_groups)
     adv, valid = group_advantages(R, cfg.adv_eps)
-    flat = [r for g in reward_groups for r in g if not math.isnan(r.value)]
-    parsed = [r.parsed for g in reward_groups for r in g if not r.reason.startswith("backend:")]
-    vals = np.array([r.value for r in flat], dtype=float)
+    vals, parsed = _reward_summary(reward_groups)
+    halves: dict[str, float] = {}
+    if n_guided is not None and n_guided < cfg.group_size:
+        for half, rows in (("guided", slice(0, n_guided)), ("free", slice(n_guided, None))):
+            v, p = _reward_summary([g[rows] for g in reward_groups])
+            halves[f"{half}_reward_mean"] = float(v.mean()) if len(v) else math.nan
+            halves[f"{half}_parse_rate"] = float(np.mean(p)) if p else math.nan
 
     encoded = [
         encode_group(processor, p.request, tx) if bool(valid[i]) else None
@@ -696,7 +708,16 @@ def grpo_step(
         tokens=n_tokens,
         failed_completions=failed,
         seconds=time.perf_counter() - t0,
+        **halves,
     )
+
+
+def _reward_summary(groups: Sequence[Sequence[Reward]]) -> tuple[np.ndarray, list[bool]]:
+    """Reward values (transport failures, NaN, left out) and parse flags of completions the
+    backend returned."""
+    vals = np.array([r.value for g in groups for r in g if not math.isnan(r.value)], dtype=float)
+    parsed = [r.parsed for g in groups for r in g if not r.reason.startswith("backend:")]
+    return vals, parsed
 
 
 # --------------------------------------------------------------------------- prompt sets
@@ -937,7 +958,10 @@ def train_grpo(
             history.append({"step": step, **stats.metrics()})
             mlf.log_step(step, stats)
             bar.update(1)
-            bar.set_postfix(reward=f"{stats.reward_mean:.3f}", parse=f"{stats.parse_rate:.2f}")
+            post = {"reward": f"{stats.reward_mean:.3f}", "parse": f"{stats.parse_rate:.2f}"}
+            if not math.isnan(stats.free_parse_rate):  # mixed groups: the free half's parse
+                post["free_parse"] = f"{stats.free_parse_rate:.2f}"
+            bar.set_postfix(post)
         bar.close()
         final = out / "model"
         _export(engine, recipe, base_dir, base_id, final, rank, Path(set_path))

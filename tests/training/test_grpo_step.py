@@ -112,6 +112,7 @@ def test_one_zero2_step_changes_the_lora_and_logs_parse_rate(engine_and_model):
     assert changed and all("lora_" in n for n in before)
     assert stats.valid_groups == 2 and stats.groups == 2
     assert stats.parse_rate == pytest.approx(3 / 4)  # the garbage completion
+    assert not any("guided_" in k or "free_" in k for k in stats.metrics())  # no halves
     assert stats.tokens > 0 and np.isfinite(stats.loss) and stats.kl >= 0
     # every completion was sampled at the GRPO temperature, G per prompt
     assert len(backend.requests) == 8
@@ -242,3 +243,10 @@ def test_a_mixed_guided_group_sends_half_free_and_scores_them_unmasked(
     assert stats.valid_groups == 1 and stats.parse_rate == pytest.approx(3 / 4)
     assert np.isfinite(stats.loss) and np.isfinite(stats.kl) and stats.kl >= 0
     assert len(seen) == 1 and seen[0].guided_regex is not None  # the prompt's own mask
+    # each half logged on its own: the guided rows parse, one free row is garbage
+    assert stats.guided_parse_rate == 1.0 and stats.free_parse_rate == 0.5
+    assert stats.reward_mean == pytest.approx(
+        (stats.guided_reward_mean + stats.free_reward_mean) / 2
+    )
+    assert stats.guided_reward_mean > stats.free_reward_mean
+    assert {"grpo.free_parse_rate", "grpo.guided_reward_mean"} <= set(stats.metrics())
