@@ -318,7 +318,7 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         if args.grpo_guided_share is not None:
             gupd["guided_share"] = args.grpo_guided_share
         upd["grpo"] = recipe.grpo.model_copy(update=gupd)
-    if args.init_from and model != "segmenter":  # continue a released full-weight model
+    if args.init_from:  # continue a release (full weights) or an export (the segmenter's LoRA)
         upd["init_from"] = str(args.init_from / model)
     recipe = recipe.model_copy(update=upd)
     if not (sft_dir / "model" / "flora_model.json").is_file():
@@ -453,8 +453,7 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, seconds: f
         f"{args.sft_steps or 'recipe'}"
         + (f" (segmenter {args.segmenter_sft_steps})" if args.segmenter_sft_steps else "")
         + (
-            f"; SFT of the full-weight models starts from `{args.init_from}/<model>` (recipe "
-            "`init_from`)"
+            f"; SFT starts from `{args.init_from}/<model>` (recipe `init_from`)"
             if args.init_from
             else ""
         )
@@ -635,8 +634,8 @@ def main() -> None:
         "--init-from",
         type=Path,
         default=None,
-        help="SFT of the full-weight models (captioner, rewarder) starts from DIR/<model> "
-        "(a release, recipe init_from); the untrained row stays the random base",
+        help="SFT starts from DIR/<model> (recipe init_from: a release's full weights, or an "
+        "exported segmenter's LoRA adapter); the untrained row stays the random base",
     )
     ap.add_argument(
         "--lr-scale",

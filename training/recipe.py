@@ -93,8 +93,9 @@ class Recipe(_Strict):
     )
     init_from: str | None = Field(
         None,
-        description="an exported Flora model (full weights, same model and base) whose "
-        "weights start SFT; 'base' stays the architecture, processor and untrained reference",
+        description="an exported Flora model (same model and base) whose weights start SFT: "
+        "full weights for a full fine-tune, the adapter for a LoRA recipe (same rank, alpha, "
+        "targets); 'base' stays the architecture, processor and untrained reference",
     )
     trainable: tuple[str, ...]
     lora_rank: int | None = Field(None, ge=1)
@@ -149,11 +150,6 @@ class Recipe(_Strict):
             raise ValueError("vision_lr is set but the vision encoder is frozen")
         if self.vision_lr is not None and self.vision_lr > self.lr:
             raise ValueError(f"vision_lr {self.vision_lr} must not exceed lr {self.lr}")
-        if self.init_from is not None and self.lora_rank is not None:
-            raise ValueError(
-                "init_from starts full fine-tuning from released weights; "
-                "a LoRA recipe (segmenter) starts from its base"
-            )
         if self.max_pixels is not None and self.base not in ("tiny", "small"):
             raise ValueError(
                 f"max_pixels sets the processor of a built base (tiny/small); base "

@@ -574,7 +574,7 @@ def train_sft(
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed)  # LoRA init is seeded, independent of the caller
-        weights = init.weights if init else base_dir
+        weights = init.weights if init and init.kind == "full" else base_dir
         model = AutoModelForImageTextToText.from_pretrained(str(weights), dtype=dtype)
         check_processor(processor, model, str(base_dir))
         if recipe.gradient_checkpointing:
@@ -583,6 +583,8 @@ def train_sft(
             )
             model.config.use_cache = False
         model, groups = apply_trainable(model, recipe)
+        if init and init.kind == "lora":
+            load_init_adapter(model, init)
     model.train()
 
     train_items = encode_items(train, processor)
@@ -887,9 +889,10 @@ class InitWeights:
     """Released weights that start a full fine-tune (recipe ``init_from``), verified."""
 
     root: Path
-    weights: Path  # the HF model folder inside the export
-    sha256: str  # of its model.safetensors
+    weights: Path  # the HF model folder (full) or the adapter folder (lora) inside the export
+    sha256: str  # of its model.safetensors / adapter_model.safetensors
     source_git_commit: str
+    kind: str = "full"  # "lora": the adapter continues training over the recipe's base
 
     def lineage(self) -> dict[str, str]:
         return {"path": str(self.root), "sha256": self.sha256,
@@ -907,10 +910,12 @@ def init_path(init_from: str) -> Path:
 def resolve_init(recipe: Recipe, base_id: str) -> InitWeights | None:
     """The verified export named by ``recipe.init_from`` (None when unset).
 
-    A relative path is tried from the working directory, then from the repository root (the
-    released ``models/`` live there). Refused with the reason: not an intact Flora export,
-    another model's weights, an adapter, or weights of a different base (architecture or
-    tokenizer), which would load with mismatched shapes or token ids.
+    A full fine-tune starts from full weights; a LoRA recipe (segmenter) continues an
+    exported adapter of the same rank, alpha and target modules. A relative path is tried
+    from the working directory, then from the repository root (the released ``models/``
+    live there). Refused with the reason: not an intact Flora export, another model's
+    weights, the other kind of weights, another LoRA shape, or weights of a different base
+    (architecture or tokenizer), which would load with mismatched shapes or token ids.
     """
     if recipe.init_from is None:
         return None
@@ -924,14 +929,52 @@ def resolve_init(recipe: Recipe, base_id: str) -> InitWeights | None:
         raise TrainingError(f"{where}: {e}") from None
     if man.get("model") != recipe.model:
         raise TrainingError(f"{where}: holds a {man.get('model')} model, not a {recipe.model}")
-    if man.get("kind") != "full":
-        raise TrainingError(f"{where}: holds {man.get('kind')} weights, not full weights")
+    kind = "full" if recipe.lora_rank is None else "lora"
+    if man.get("kind") != kind:
+        raise TrainingError(f"{where}: holds {man.get('kind')} weights, not {kind} weights")
     if man.get("base_id") != base_id:
         raise TrainingError(
             f"{where}: trained over base {man.get('base_id')}, the recipe's base is {base_id}"
         )
-    digest = man["files"].get("model/model.safetensors", "")  # verified: files is a dict
-    return InitWeights(p.resolve(), p.resolve() / "model", digest, str(man.get("git_commit", "")))
+    sub, weights = ("model", "model.safetensors") if kind == "full" else (
+        "adapter", "adapter_model.safetensors")  # fmt: skip
+    if kind == "lora":
+        _check_adapter_shape(p / sub, recipe, where)
+    digest = man["files"].get(f"{sub}/{weights}", "")  # verified: files is a dict
+    return InitWeights(p.resolve(), p.resolve() / sub, digest, str(man.get("git_commit", "")),
+                       kind)  # fmt: skip
+
+
+def _check_adapter_shape(adapter: Path, recipe: Recipe, where: str) -> None:
+    """The exported adapter has the recipe's LoRA rank, alpha and target modules."""
+    try:
+        cfg = json.loads((adapter / "adapter_config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise TrainingError(f"{where}: unreadable adapter_config.json ({e})") from None
+    want = {"r": recipe.lora_rank, "lora_alpha": recipe.lora_alpha or 2 * recipe.lora_rank,
+            "target_modules": LORA_TARGETS}  # fmt: skip
+    got = {"r": cfg.get("r"), "lora_alpha": cfg.get("lora_alpha"),
+           "target_modules": cfg.get("target_modules")}  # fmt: skip
+    diff = [f"{k} {got[k]} (recipe: {want[k]})" for k in want if got[k] != want[k]]
+    if diff:
+        raise TrainingError(f"{where}: the adapter has {', '.join(diff)}")
+
+
+def load_init_adapter(model: Any, init: InitWeights) -> None:
+    """Put an exported adapter's weights into the freshly wrapped LoRA ``model``; every
+    LoRA parameter must be filled, nothing may be left over."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    state = load_file(str(init.weights / "adapter_model.safetensors"))
+    res = set_peft_model_state_dict(model, state)
+    lora = [n for n, _ in model.named_parameters() if "lora_" in n]
+    unfilled = [n for n in res.missing_keys if "lora_" in n]
+    if res.unexpected_keys or unfilled or len(state) != len(lora):
+        raise TrainingError(
+            f"init_from {init.root}: the adapter does not fit this model "
+            f"({len(res.unexpected_keys)} unexpected, {len(unfilled)} LoRA weights unfilled)"
+        )
 
 
 def model_paths(model_dir: str | Path) -> tuple[Path | str, Path | None]:

@@ -30,3 +30,20 @@ def mini_set(tmp_path_factory) -> Path:
     from tests.training.helpers import mini_examples, write_set
 
     return write_set(tmp_path_factory.mktemp("sets") / "mini", mini_examples())
+
+
+@pytest.fixture(scope="module")
+def seg_set(tiny_dataset, tmp_path_factory) -> Path:
+    """Segmenter windows of the toy world's first episodes (standard profile)."""
+    from training.sets import build_sft_set
+
+    return build_sft_set(
+        "segmenter",
+        tiny_dataset,
+        tmp_path_factory.mktemp("s") / "seg",
+        split_fraction=0.34,
+        profiles=("standard",),
+        shifted=False,
+        max_episodes=2,
+        progress=False,
+    )

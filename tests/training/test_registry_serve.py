@@ -10,23 +10,8 @@ import pandas as pd
 import pytest
 
 from tests.training.helpers import tiny_recipe
-from training.sets import build_sft_set, load_set
+from training.sets import load_set
 from training.sft import model_paths, train_sft
-
-
-@pytest.fixture(scope="module")
-def seg_set(tiny_dataset, tmp_path_factory):
-    """Segmenter windows of the toy world's first episodes (standard profile)."""
-    return build_sft_set(
-        "segmenter",
-        tiny_dataset,
-        tmp_path_factory.mktemp("s") / "seg",
-        split_fraction=0.34,
-        profiles=("standard",),
-        shifted=False,
-        max_episodes=2,
-        progress=False,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""``init_from``: a full fine-tune starts from released Flora weights, verified first."""
+"""``init_from``: a full fine-tune starts from released Flora weights, a LoRA recipe from an
+exported adapter of its shape; both verified first."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 from safetensors.torch import load_file
 
 from tests.training.helpers import tiny_recipe
-from training.recipe import RecipeError, load_recipe
 from training.sft import TrainingError, train_sft
 
 
@@ -82,6 +82,57 @@ def test_init_from_is_refused_with_the_reason(released, tiny_base, mini_set, tmp
     assert "trained over base" in refused(released, base=other)
 
 
-def test_a_lora_recipe_cannot_start_from_released_weights(tiny_base):
-    with pytest.raises(RecipeError, match="init_from"):
-        load_recipe("segmenter-tiny", base=str(tiny_base), init_from="models/x")
+@pytest.fixture(scope="module")
+def seg_export(tiny_base, seg_set, tmp_path_factory):
+    """A tiny LoRA segmenter exported after 2 steps at a high rate (its lora_B is not 0)."""
+    r = tiny_recipe("segmenter", tiny_base, max_steps=2, eval_every=100, lr=5e-2)
+    out = tmp_path_factory.mktemp("seg")
+    return train_sft(r, seg_set, out, log_mlflow=False, progress=False).model_dir
+
+
+def _adapter(model_dir):
+    return load_file(str(model_dir / "adapter" / "adapter_model.safetensors"))
+
+
+def test_a_lora_recipe_continues_an_exported_adapter(seg_export, tiny_base, seg_set, tmp_path):
+    r = tiny_recipe("segmenter", tiny_base, init_from=str(seg_export), lr=1e-12,
+                    warmup_steps=0, max_steps=1, eval_every=100)  # fmt: skip
+    res = train_sft(r, seg_set, tmp_path / "ft", log_mlflow=False, progress=False)
+    start, after = _adapter(seg_export), _adapter(res.model_dir)
+    assert start.keys() == after.keys()
+    lora_b = [k for k in start if "lora_B" in k]
+    # a fresh LoRA's B is zero: non-zero B in the start means trained weights were loaded
+    assert lora_b and any(start[k].abs().max() > 1e-4 for k in lora_b)
+    for k in start:
+        assert (after[k] - start[k]).abs().max() < 1e-6, k
+    man = json.loads((res.model_dir / "flora_model.json").read_text())
+    src = json.loads((seg_export / "flora_model.json").read_text())
+    assert man["kind"] == "lora"
+    assert man["init_from"]["sha256"] == src["files"]["adapter/adapter_model.safetensors"]
+
+
+def test_an_adapter_of_another_kind_or_shape_is_refused(
+    seg_export, released, tiny_base, seg_set, mini_set, tmp_path
+):
+    def refused(recipe, set_path):
+        with pytest.raises(TrainingError) as e:
+            train_sft(recipe, set_path, tmp_path / "out", log_mlflow=False, progress=False)
+        return str(e.value)
+
+    seg = tiny_recipe("segmenter", tiny_base, max_steps=1, init_from=str(seg_export))
+    # another rank and alpha: the adapter's tensors would not fit the recipe's LoRA
+    other = seg.model_copy(update={"lora_rank": 8, "lora_alpha": 16})
+    assert "the adapter has r 32 (recipe: 8), lora_alpha 64 (recipe: 16)" in refused(other, seg_set)
+    # full weights for a LoRA recipe, an adapter for a full fine-tune
+    as_seg = tmp_path / "captioner-as-segmenter"
+    shutil.copytree(released, as_seg)
+    man = json.loads((as_seg / "flora_model.json").read_text())
+    (as_seg / "flora_model.json").write_text(json.dumps({**man, "model": "segmenter"}))
+    msg = refused(seg.model_copy(update={"init_from": str(as_seg)}), seg_set)
+    assert "holds full weights, not lora weights" in msg
+    as_cap = tmp_path / "segmenter-as-captioner"
+    shutil.copytree(seg_export, as_cap)
+    man = json.loads((as_cap / "flora_model.json").read_text())
+    (as_cap / "flora_model.json").write_text(json.dumps({**man, "model": "captioner"}))
+    cap = _recipe(tiny_base, max_steps=1, init_from=str(as_cap))
+    assert "holds lora weights, not full weights" in refused(cap, mini_set)
