@@ -103,6 +103,19 @@ def module_key(name: str) -> str | None:
     return None
 
 
+def lora_config(recipe: Recipe) -> Any:
+    """The peft ``LoraConfig`` of a LoRA recipe (training, and the check of an init adapter)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=recipe.lora_rank,
+        lora_alpha=recipe.lora_alpha or 2 * recipe.lora_rank,
+        lora_dropout=recipe.lora_dropout,
+        target_modules=LORA_TARGETS,
+        bias="none",
+    )
+
+
 def apply_trainable(model: Any, recipe: Recipe) -> tuple[Any, list[dict[str, Any]]]:
     """Freeze all but the recipe's parts; returns (model, optimizer param groups).
 
@@ -121,16 +134,9 @@ def apply_trainable(model: Any, recipe: Recipe) -> tuple[Any, list[dict[str, Any
     for p in model.parameters():
         p.requires_grad_(False)
     if recipe.lora_rank is not None:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        cfg = LoraConfig(
-            r=recipe.lora_rank,
-            lora_alpha=recipe.lora_alpha or 2 * recipe.lora_rank,
-            lora_dropout=recipe.lora_dropout,
-            target_modules=LORA_TARGETS,
-            bias="none",
-        )
-        model = get_peft_model(model, cfg)
+        model = get_peft_model(model, lora_config(recipe))
         params = [p for n, p in model.named_parameters() if "lora_" in n]
         for n, p in model.named_parameters():
             p.requires_grad_("lora_" in n)
@@ -886,7 +892,8 @@ def _export(
 
 @dataclass(frozen=True)
 class InitWeights:
-    """Released weights that start a full fine-tune (recipe ``init_from``), verified."""
+    """Exported weights that start SFT (recipe ``init_from``), verified: full weights, or
+    the adapter a LoRA recipe continues."""
 
     root: Path
     weights: Path  # the HF model folder (full) or the adapter folder (lora) inside the export
@@ -951,8 +958,8 @@ def _check_adapter_shape(adapter: Path, recipe: Recipe, where: str) -> None:
         cfg = json.loads((adapter / "adapter_config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise TrainingError(f"{where}: unreadable adapter_config.json ({e})") from None
-    want = {"r": recipe.lora_rank, "lora_alpha": recipe.lora_alpha or 2 * recipe.lora_rank,
-            "target_modules": LORA_TARGETS}  # fmt: skip
+    lc = lora_config(recipe)
+    want = {"r": lc.r, "lora_alpha": lc.lora_alpha, "target_modules": lc.target_modules}
     got = {"r": cfg.get("r"), "lora_alpha": cfg.get("lora_alpha"),
            "target_modules": cfg.get("target_modules")}  # fmt: skip
     diff = [f"{k} {got[k]} (recipe: {want[k]})" for k in want if got[k] != want[k]]
