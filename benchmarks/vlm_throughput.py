@@ -92,6 +92,45 @@ def build_config(name: str):
                 num_position_embeddings=2304,
             ),
         )
+    if name == "qwen3_5_2b":
+        # A 2B-class model of the Qwen3.5 architecture (hybrid linear/full attention, the
+        # same tokenizer and vision layout), dims chosen here: 1.98 B parameters, tied
+        # embeddings. For throughput only; no checkpoint has these dims.
+        return Qwen3_5Config(
+            text_config=dict(
+                vocab_size=248320,
+                hidden_size=2048,
+                intermediate_size=6144,
+                num_hidden_layers=20,
+                num_attention_heads=8,
+                num_key_value_heads=2,
+                head_dim=256,
+                linear_key_head_dim=128,
+                linear_value_head_dim=128,
+                linear_num_key_heads=16,
+                linear_num_value_heads=16,
+                tie_word_embeddings=True,
+                rope_parameters={
+                    "rope_type": "default",
+                    "rope_theta": 10_000_000.0,
+                    "mrope_section": [11, 11, 10],
+                    "mrope_interleaved": True,
+                    "partial_rotary_factor": 0.25,
+                },
+            ),
+            vision_config=dict(
+                depth=24,
+                hidden_size=1024,
+                intermediate_size=4096,
+                num_heads=16,
+                patch_size=16,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+                out_hidden_size=2048,
+                num_position_embeddings=2304,
+            ),
+            tie_word_embeddings=True,
+        )
     if name == "qwen3_vl_8b":
         return Qwen3VLConfig(
             text_config=dict(
@@ -121,7 +160,9 @@ def build_config(name: str):
     p = Path(name)
     if p.is_file() or p.is_dir():
         return AutoConfig.from_pretrained(str(p))
-    raise SystemExit(f"unknown --config {name!r} (tiny, qwen3_5_9b, qwen3_vl_8b or a path)")
+    raise SystemExit(
+        f"unknown --config {name!r} (tiny, qwen3_5_2b, qwen3_5_9b, qwen3_vl_8b or a path)"
+    )
 
 
 @dataclass
@@ -201,30 +242,47 @@ def count_params(model) -> tuple[int, int, int]:
     return vis, total - vis - emb, emb
 
 
-def window_flops(cfg, shape: WindowShape, params: tuple[int, int, int], gen: int = 0) -> float:
-    """Forward FLOPs of one window: 2·params·tokens for the matmuls plus attention scores.
-
-    Vision: every patch through the tower (full attention within each frame group).
-    Text: every token through the decoder; full-attention layers add 4·L²·d per layer
-    (QKᵀ and AV, causal halves it: 2·L²·d); linear-attention layers are linear in L.
-    Plus the LM head on the last position (prefill) or on every generated token.
-    """
-    vis, lm, emb = params
-    t = cfg.text_config
+def vision_flops(cfg, shape: WindowShape, vis_params: int) -> float:
+    """Forward FLOPs of one window's vision tower (merger included): 2·params per patch
+    plus attention within each frame group (4·n²·d per layer)."""
     v = cfg.vision_config
-    L = shape.total_tokens
-    f = 2 * vis * shape.patches
     per_group_patches = shape.grid_hw**2
-    f += v.depth * 4 * shape.grid_t * per_group_patches**2 * v.hidden_size
-    f += 2 * lm * L
+    return float(
+        2 * vis_params * shape.patches
+        + v.depth * 4 * shape.grid_t * per_group_patches**2 * v.hidden_size
+    )
+
+
+def _full_attention(cfg) -> tuple[int, int]:
+    """(number of full-attention decoder layers, query heads × head dim)."""
+    t = cfg.text_config
     layer_types = getattr(t, "layer_types", None) or ["full_attention"] * t.num_hidden_layers
-    n_full = sum(x == "full_attention" for x in layer_types)
     head_dim = getattr(t, "head_dim", t.hidden_size // t.num_attention_heads)
-    f += n_full * 2 * L * L * t.num_attention_heads * head_dim
-    lm_head = t.vocab_size * t.hidden_size
-    f += 2 * lm_head
+    return sum(x == "full_attention" for x in layer_types), t.num_attention_heads * head_dim
+
+
+def text_flops(cfg, shape: WindowShape, lm_params: int, head_positions: int = 1) -> float:
+    """Forward FLOPs of one window through the decoder: 2·params·tokens; full-attention
+    layers add the causal scores and mixing (2·L²·d per layer); linear-attention layers are
+    linear in L. Plus the LM head on ``head_positions`` positions (1 for a prefill, every
+    position for a training step)."""
+    t = cfg.text_config
+    L = shape.total_tokens
+    n_full, qdim = _full_attention(cfg)
+    f = 2 * lm_params * L + n_full * 2 * L * L * qdim
+    return float(f + 2 * t.vocab_size * t.hidden_size * head_positions)
+
+
+def window_flops(cfg, shape: WindowShape, params: tuple[int, int, int], gen: int = 0) -> float:
+    """Forward FLOPs of one window: the vision tower, the decoder with the LM head on the
+    last position (prefill), and with ``gen`` greedy tokens each token's decoder pass, LM
+    head and attention over the prompt."""
+    vis, lm, _ = params
+    f = vision_flops(cfg, shape, vis) + text_flops(cfg, shape, lm)
     if gen:
-        f += gen * (2 * lm + 2 * lm_head) + n_full * gen * 4 * L * t.num_attention_heads * head_dim
+        n_full, qdim = _full_attention(cfg)
+        lm_head = cfg.text_config.vocab_size * cfg.text_config.hidden_size
+        f += gen * (2 * lm + 2 * lm_head) + n_full * gen * 4 * shape.total_tokens * qdim
     return float(f)
 
 

@@ -43,7 +43,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,6 +263,28 @@ def summed_ce(model: Any, batch: dict) -> torch.Tensor:
     )
 
 
+def optimizer_step(engine: Any, micro_batches: Iterable[dict], scale: float) -> float:
+    """One optimizer step of a DeepSpeed ``engine`` over its micro-batches (this rank's);
+    returns their summed token cross-entropy.
+
+    Each micro-batch's summed CE is back-propagated times ``scale`` (the caller's
+    normalisation: accumulation × world / target tokens of the global batch), and
+    ``engine.step()`` follows every micro-batch — DeepSpeed's contract: it reduces gradients
+    and updates the weights only at the accumulation boundary. A non-finite loss on any
+    rank raises :class:`DivergedError` (naming the micro-batch) on every rank, before the
+    optimizer step, so all ranks stop together with the weights untouched.
+    """
+    loss_sum = 0.0
+    for m, batch in enumerate(micro_batches):
+        ce = summed_ce(engine, batch)
+        if _all_sum(0.0 if bool(torch.isfinite(ce)) else 1.0) > 0:
+            raise DivergedError(f"micro-batch {m}")
+        engine.backward(ce * scale)
+        engine.step()
+        loss_sum += float(ce.detach())
+    return loss_sum
+
+
 def stream_indices(n: int, seed: int, start: int, count: int) -> list[int]:
     """``count`` indices from position ``start`` of the endless stream of epoch permutations."""
     out: list[int] = []
@@ -360,6 +382,38 @@ def deepspeed_config(recipe: Recipe, world: int, hidden: int) -> dict[str, Any]:
     if left:
         raise TrainingError(f"DeepSpeed config {name}: unfilled 'auto' fields {left}")
     return cfg
+
+
+def prepare_model(model: Any, recipe: Recipe) -> tuple[Any, list[dict[str, Any]]]:
+    """The recipe's training form of a loaded model: gradient checkpointing when the recipe
+    asks for it (non-reentrant, no KV cache), then :func:`apply_trainable`."""
+    if recipe.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return apply_trainable(model, recipe)
+
+
+def deepspeed_engine(
+    model: Any, groups: list[dict[str, Any]], recipe: Recipe, world: int, total_steps: int
+) -> tuple[Any, Any, Any]:
+    """(engine, optimizer, scheduler): AdamW over the trainable ``groups`` (each at its own
+    learning rate, the recipe's weight decay), the recipe's schedule over ``total_steps``,
+    wrapped by DeepSpeed with :func:`deepspeed_config`."""
+    import deepspeed
+
+    opt_groups = [
+        {"params": g["params"], "lr": g["lr"], "weight_decay": recipe.weight_decay} for g in groups
+    ]
+    optimizer = torch.optim.AdamW(opt_groups, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(recipe, total_steps))
+    hidden = model.config.get_text_config().hidden_size
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=deepspeed_config(recipe, world, hidden),
+    )
+    return engine, optimizer, scheduler
 
 
 def _walk(d: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -546,7 +600,6 @@ def train_sft(
     ``output_dir``) or a checkpoint path. ``max_steps`` overrides the recipe's stop step
     (the schedule still follows the recipe, so a cut run resumes identically).
     """
-    import deepspeed
     from tqdm.auto import tqdm
     from transformers import AutoModelForImageTextToText
 
@@ -583,12 +636,7 @@ def train_sft(
         weights = init.weights if init and init.kind == "full" else base_dir
         model = AutoModelForImageTextToText.from_pretrained(str(weights), dtype=dtype)
         check_processor(processor, model, str(base_dir))
-        if recipe.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
-            model.config.use_cache = False
-        model, groups = apply_trainable(model, recipe)
+        model, groups = prepare_model(model, recipe)
         if init and init.kind == "lora":
             load_init_adapter(model, init)
     model.train()
@@ -605,18 +653,7 @@ def train_sft(
         total_steps = min(total_steps, recipe.max_steps)
     stop_at = min(total_steps, max_steps) if max_steps else total_steps
 
-    opt_groups = [
-        {"params": g["params"], "lr": g["lr"], "weight_decay": recipe.weight_decay} for g in groups
-    ]
-    optimizer = torch.optim.AdamW(opt_groups, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(recipe, total_steps))
-    hidden = model.config.get_text_config().hidden_size
-    engine, optimizer, _, scheduler = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        lr_scheduler=scheduler,
-        config=deepspeed_config(recipe, world, hidden),
-    )
+    engine, optimizer, scheduler = deepspeed_engine(model, groups, recipe, world, total_steps)
 
     ckpt_root = out / "checkpoints"
     step, best, bad_evals, history = 0, None, 0, []
@@ -660,29 +697,25 @@ def train_sft(
             local_count = sum(train_items[i].n_target for i in mine)
             count = _all_sum(float(local_count))
             scale = recipe.grad_accum * world / count
-            loss_sum = 0.0
-            for m in range(recipe.grad_accum):
-                micro = [
-                    train_items[i]
-                    for i in mine[m * recipe.micro_batch : (m + 1) * recipe.micro_batch]
-                ]
-                batch = {
+            micro_batches = (
+                {
                     k: v.to(device) if hasattr(v, "to") else v
-                    for k, v in collate(micro, processor, recipe.max_length).items()
+                    for k, v in collate(
+                        [train_items[i] for i in mine[m : m + recipe.micro_batch]],
+                        processor,
+                        recipe.max_length,
+                    ).items()
                 }
-                ce = summed_ce(engine, batch)
-                # Every rank learns of a non-finite loss anywhere, so all stop together.
-                if _all_sum(0.0 if bool(torch.isfinite(ce)) else 1.0) > 0:
-                    raise DivergedError(
-                        f"{recipe.model}: loss is not finite at step {step + 1} (micro-batch "
-                        f"{m}); stopped before the optimizer step, last good checkpoint: "
-                        f"{latest_checkpoint(ckpt_root) or 'none'}"
-                    )
-                engine.backward(ce * scale)
-                # DeepSpeed's contract: step() after every micro-batch; it reduces gradients
-                # and updates the weights only at the accumulation boundary (the last one).
-                engine.step()
-                loss_sum += float(ce.detach())
+                for m in range(0, per_rank, recipe.micro_batch)
+            )
+            try:
+                loss_sum = optimizer_step(engine, micro_batches, scale)
+            except DivergedError as e:
+                raise DivergedError(
+                    f"{recipe.model}: loss is not finite at step {step + 1} ({e}); stopped "
+                    f"before the optimizer step, last good checkpoint: "
+                    f"{latest_checkpoint(ckpt_root) or 'none'}"
+                ) from None
             loss = _all_sum(loss_sum) / count
             if engine.global_steps != step + 1:
                 raise TrainingError(
