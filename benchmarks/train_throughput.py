@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import os
 import platform
 import sys
@@ -241,10 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)  # fmt: skip
     report = run(args)
     if report["rank"] == 0:
-        text = json.dumps(report, indent=2)
-        print(text)
-        if args.out:
-            args.out.write_text(text)
+        vt.write_report(report, args.out)
     return report
 
 

@@ -43,9 +43,32 @@ import torch
 WINDOWS_PER_VIDEO_HOUR = 3600 / 12  # standard profile: one window per 12 s core, per pass
 
 
+def _qwen3_5(text: dict, vision: dict, tie: bool = False):
+    """A Qwen3.5 config: what the family shares (tokenizer, head dims, multimodal RoPE,
+    vision patching) plus the given dims."""
+    from transformers import Qwen3_5Config
+
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10_000_000.0,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+        "partial_rotary_factor": 0.25,
+    }
+    shared_text = dict(vocab_size=248320, head_dim=256, linear_key_head_dim=128,
+                       linear_value_head_dim=128, linear_num_key_heads=16)  # fmt: skip
+    shared_vision = dict(num_heads=16, patch_size=16, spatial_merge_size=2,
+                         temporal_patch_size=2, num_position_embeddings=2304)  # fmt: skip
+    return Qwen3_5Config(
+        text_config={**shared_text, **text, "rope_parameters": rope, "tie_word_embeddings": tie},
+        vision_config={**shared_vision, **vision},
+        tie_word_embeddings=tie,
+    )
+
+
 def build_config(name: str):
     """Architecture configs by name (or a path to a config.json)."""
-    from transformers import AutoConfig, Qwen3_5Config, Qwen3VLConfig
+    from transformers import AutoConfig, Qwen3VLConfig
 
     if name == "tiny":
         import tempfile
@@ -59,78 +82,21 @@ def build_config(name: str):
     if name == "qwen3_5_9b":
         # Qwen3.5-9B text (transformers' Qwen3_5TextConfig defaults are the 9B) + the
         # 27-layer SigLIP-style vision tower projecting to the 4096-wide text model.
-        return Qwen3_5Config(
-            text_config=dict(
-                vocab_size=248320,
-                hidden_size=4096,
-                intermediate_size=12288,
-                num_hidden_layers=32,
-                num_attention_heads=16,
-                num_key_value_heads=4,
-                head_dim=256,
-                linear_key_head_dim=128,
-                linear_value_head_dim=128,
-                linear_num_key_heads=16,
-                linear_num_value_heads=32,
-                rope_parameters={
-                    "rope_type": "default",
-                    "rope_theta": 10_000_000.0,
-                    "mrope_section": [11, 11, 10],
-                    "mrope_interleaved": True,
-                    "partial_rotary_factor": 0.25,
-                },
-            ),
-            vision_config=dict(
-                depth=27,
-                hidden_size=1152,
-                intermediate_size=4304,
-                num_heads=16,
-                patch_size=16,
-                spatial_merge_size=2,
-                temporal_patch_size=2,
-                out_hidden_size=4096,
-                num_position_embeddings=2304,
-            ),
-        )
+        return _qwen3_5(
+            dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                 num_attention_heads=16, num_key_value_heads=4, linear_num_value_heads=32),
+            dict(depth=27, hidden_size=1152, intermediate_size=4304, out_hidden_size=4096),
+        )  # fmt: skip
     if name == "qwen3_5_2b":
         # A 2B-class model of the Qwen3.5 architecture (hybrid linear/full attention, the
         # same tokenizer and vision layout), dims chosen here: 1.98 B parameters, tied
         # embeddings. For throughput only; no checkpoint has these dims.
-        return Qwen3_5Config(
-            text_config=dict(
-                vocab_size=248320,
-                hidden_size=2048,
-                intermediate_size=6144,
-                num_hidden_layers=20,
-                num_attention_heads=8,
-                num_key_value_heads=2,
-                head_dim=256,
-                linear_key_head_dim=128,
-                linear_value_head_dim=128,
-                linear_num_key_heads=16,
-                linear_num_value_heads=16,
-                tie_word_embeddings=True,
-                rope_parameters={
-                    "rope_type": "default",
-                    "rope_theta": 10_000_000.0,
-                    "mrope_section": [11, 11, 10],
-                    "mrope_interleaved": True,
-                    "partial_rotary_factor": 0.25,
-                },
-            ),
-            vision_config=dict(
-                depth=24,
-                hidden_size=1024,
-                intermediate_size=4096,
-                num_heads=16,
-                patch_size=16,
-                spatial_merge_size=2,
-                temporal_patch_size=2,
-                out_hidden_size=2048,
-                num_position_embeddings=2304,
-            ),
-            tie_word_embeddings=True,
-        )
+        return _qwen3_5(
+            dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=20,
+                 num_attention_heads=8, num_key_value_heads=2, linear_num_value_heads=16),
+            dict(depth=24, hidden_size=1024, intermediate_size=4096, out_hidden_size=2048),
+            tie=True,
+        )  # fmt: skip
     if name == "qwen3_vl_8b":
         return Qwen3VLConfig(
             text_config=dict(
@@ -446,11 +412,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     report = run(args)
+    write_report(report, args.out)
+    return report
+
+
+def write_report(report: dict, out: Path | None) -> None:
+    """Print the JSON report and write it to ``out`` when given."""
     text = json.dumps(report, indent=2)
     print(text)
-    if args.out:
-        args.out.write_text(text)
-    return report
+    if out:
+        out.write_text(text)
 
 
 if __name__ == "__main__":
