@@ -70,15 +70,9 @@ def with_answer(inputs: dict, cfg, answer: int, seed: int = 1) -> dict:
     ``labels`` that score only those (the SFT target; the prompt and video are ignored)."""
     from training.sft import IGNORE
 
-    special = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id}
-    special.add(cfg.vision_end_token_id)
-    g = torch.Generator().manual_seed(seed)
     ids = inputs["input_ids"]
-    n = ids.shape[0]
-    tail = torch.randint(0, cfg.text_config.vocab_size, (n, answer), generator=g)
-    safe = next(i for i in range(cfg.text_config.vocab_size) if i not in special)
-    tail[torch.isin(tail, torch.tensor(sorted(special)))] = safe  # no vision placeholder
-    tail = tail.to(ids.device)
+    g = torch.Generator().manual_seed(seed)
+    tail = vt.text_tokens(cfg, ids.shape[0], answer, g).to(ids.device)
     out = dict(inputs)
     out["input_ids"] = torch.cat([ids, tail], 1)
     out["attention_mask"] = torch.ones_like(out["input_ids"])

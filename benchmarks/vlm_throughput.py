@@ -160,21 +160,24 @@ def window_shape(cfg, frames: int, size: int, prompt_tokens: int = 160) -> Windo
     )
 
 
+def text_tokens(cfg, rows: int, n: int, g: torch.Generator) -> torch.Tensor:
+    """``rows`` × ``n`` random ordinary text tokens: any draw that hits a vision special
+    token (which would make the model look for frames) becomes the first ordinary id."""
+    special = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id}
+    special.add(cfg.vision_end_token_id)
+    safe = next(i for i in range(cfg.text_config.vocab_size) if i not in special)
+    ids = torch.randint(0, cfg.text_config.vocab_size, (rows, n), generator=g)
+    ids[torch.isin(ids, torch.tensor(sorted(special)))] = safe
+    return ids
+
+
 def make_inputs(cfg, shape: WindowShape, batch: int, device, dtype, seed: int = 0) -> dict:
     """Synthetic batch of windows, laid out exactly as the processor would lay them out."""
     g = torch.Generator().manual_seed(seed)
     v = cfg.vision_config
-    vocab = cfg.text_config.vocab_size
-    special = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id}
-    special.add(cfg.vision_end_token_id)
-    safe = next(i for i in range(vocab) if i not in special)
 
     def text(n: int) -> list[int]:
-        # Random ordinary tokens; any that hit a vision special token become ``safe``.
-        return [
-            i if i not in special else safe
-            for i in torch.randint(0, vocab, (n,), generator=g).tolist()
-        ]
+        return text_tokens(cfg, 1, n, g)[0].tolist()
 
     rows = []
     for _ in range(batch):
