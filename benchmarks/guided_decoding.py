@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--recipe", default=None, help="default: <model>-small (checkpoint only)")
     ap.add_argument("--episodes", type=int, default=10, help="held-out episodes evaluated")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decoding", choices=("both", "free", "guided"), default="both",
+                    help="free only is the quick check of what a model learnt")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -85,7 +87,8 @@ def main() -> None:
             args.checkpoint, args.recipe or f"{args.model}-small", args.out
         )
     res: dict[str, dict] = {}
-    for guided in (False, True):
+    modes = {"both": (False, True), "free": (False,), "guided": (True,)}[args.decoding]
+    for guided in modes:
         t0 = time.perf_counter()
         if args.checkpoint is not None:
             backend = TransformersBackend(base, adapter_path=adapter, device="cpu", batch_size=8,
