@@ -7,9 +7,10 @@
     python benchmarks/guided_decoding.py --model rewarder \
         --model-dir models/small/rewarder --set SET --out /tmp/guided-rew --episodes 10
 
-Answers the set's held-out items twice with the in-process backend: free, and within
-each request's grammar (``TransformersBackend(guided=True)``: the grammar's exact guide
-where it has one — segments, dense — else its regex; what ``flora serve`` applies).
+Answers the set's held-out items with the in-process backend, free and (``--decoding
+both``, the default; ``free`` or ``guided`` for one of them) within each request's
+grammar (``TransformersBackend(guided=True)``: the grammar's exact guide where it has
+one — segments, dense — else its regex; what ``flora serve`` applies).
 Prints and writes the metrics with 95 % intervals and the parser's rejection reasons;
 ``docs/benchmarks.md`` ("Guided decoding …") holds the results. The set must carry
 ``guided_regex`` (sets built since that column exist have it).
