@@ -78,7 +78,16 @@ def main() -> None:
     from flora.backends.transformers_backend import TransformersBackend
     from training.evaluate import backend_for, generate_outputs, heldout_examples, score_outputs
 
-    held = heldout_examples(args.model, args.set, limit=args.episodes)
+    # A continued model is not scored on what its starting point trained on (learning.py).
+    seen: set[str] = set()
+    if args.model_dir is not None:
+        from learning import same_world_ids
+
+        from training.release import trained_episodes
+
+        world = json.loads((args.set / "manifest.json").read_text())["dataset"]
+        seen = same_world_ids(trained_episodes(args.model_dir), world)
+    held = heldout_examples(args.model, args.set, limit=args.episodes, exclude=seen)
     if not all(e.guided_regex for e in held):
         raise SystemExit(f"{args.set}: built before sets stored guided_regex; rebuild it")
     if args.checkpoint is not None:
@@ -110,7 +119,19 @@ def main() -> None:
         print(key, json.dumps(res[key]), flush=True)
     source = str(args.checkpoint or args.model_dir)
     (args.out / "result.json").write_text(
-        json.dumps({"model": args.model, "source": source, **res}, indent=2)
+        json.dumps(
+            {
+                "model": args.model,
+                "source": source,
+                "episodes": sorted({e.episode_id for e in held}),
+                # held-out episodes not scored: the model's lineage trained on them
+                "left_out_seen": sorted(
+                    {e.episode_id for e in heldout_examples(args.model, args.set)} & seen
+                ),
+                **res,
+            },
+            indent=2,
+        )
     )
 
 

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,37 @@ HEAD = {
 # Columns shown in the table but not judged against the baselines in "Targets".
 NOT_JUDGED = {"outcome.parse_rate", "dense.parse_rate", "rubric.parse_rate"}
 LOWER_IS_BETTER = {"outcome.mae", "rubric.l1"}
+
+
+_TOY = re.compile(r"\Atoy_\d+_(\d+)(_quick)?/(\d+)\Z")
+
+
+def same_world_ids(ids: set[str], dataset: str) -> set[str]:
+    """``ids`` of toy worlds written as ids of the toy world named ``dataset``.
+
+    Worlds of one seed and episode kind draw episode ``i`` alike whatever their size
+    (``toy_120_1/000005`` is ``toy_240_1/000005``), but the split hashes the whole id, so
+    an episode held out of the larger world may have been trained on in the smaller one.
+    Ids of another seed or kind (or not toy ids) are other episodes and map to nothing.
+    """
+    m = _TOY.match(f"{dataset}/0")
+    if m is None:
+        return set(ids)
+    out = set()
+    for i in ids:
+        t = _TOY.match(i)
+        if t is not None and t.group(1, 2) == m.group(1, 2):
+            out.add(f"{dataset}/{t.group(3)}")
+    return out
+
+
+def seen_by_init(model: str, args: argparse.Namespace, dataset: Path) -> set[str]:
+    """Held-out ids of this world that ``--init-from``'s model (or its lineage) trained on."""
+    if not args.init_from:
+        return set()
+    from training.release import trained_episodes
+
+    return same_world_ids(trained_episodes(args.init_from / model), dataset.name)
 
 
 def _log(msg: str) -> None:
@@ -218,7 +250,8 @@ def _guided_set(
                       shifted=s.shifted, outcome_frames=s.outcome_frames,
                       rubric_frames=s.rubric_frames, rubric_thinking=s.rubric_thinking,
                       progress=False)  # fmt: skip
-    out = heldout_examples(model, again, limit=args.eval_episodes)
+    out = heldout_examples(model, again, limit=args.eval_episodes,
+                           exclude=seen_by_init(model, args, dataset))  # fmt: skip
     same = [(e.example_id, e.prompt, e.target) for e in out] == [
         (e.example_id, e.prompt, e.target) for e in held
     ]
@@ -251,12 +284,18 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
                       rubric_frames=s.rubric_frames, rubric_thinking=s.rubric_thinking,
                       progress=False)  # fmt: skip
     train = [e for e in load_set(set_dir, split="train") if e.model == model]
-    held = heldout_examples(model, set_dir, limit=args.eval_episodes)
+    seen = seen_by_init(model, args, dataset)
+    held = heldout_examples(model, set_dir, limit=args.eval_episodes, exclude=seen)
+    all_held = {e.episode_id for e in load_set(set_dir, split="heldout") if e.model == model}
+    dropped = len(all_held & seen)
+    if dropped:
+        _log(f"{model}: {dropped} held-out episodes the --init-from model trained on: not scored")
     judge = make_judge("embedding") if model == "captioner" else None
     n_boot = args.bootstrap
     res: dict[str, Any] = {"model": model, "train_examples": len(train),
                            "heldout_examples": len(held),
                            "heldout_episodes": len({e.episode_id for e in held}),
+                           "excluded_seen_by_init": dropped,
                            "variants": {}}  # fmt: skip
 
     def ev(name: str, outputs_fn) -> None:
@@ -339,7 +378,9 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     ev("SFT", lambda: generate_outputs(backend_for(sft_dir / "model"), held))
     guided_set = _guided_set(model, held, args, dataset, set_dir) if args.guided else None
     guided_held = (
-        heldout_examples(model, guided_set, limit=args.eval_episodes) if guided_set else None
+        heldout_examples(model, guided_set, limit=args.eval_episodes, exclude=seen)
+        if guided_set
+        else None
     )
     if guided_held is not None:
         ev("SFT, guided", lambda: generate_outputs(
@@ -466,7 +507,10 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, seconds: f
         m = res["model"]
         cols = HEAD[m]
         lines += [f"### {m} — {res['heldout_examples']} held-out items from "
-                  f"{res['heldout_episodes']} episodes ({res['train_examples']} train)", "",
+                  f"{res['heldout_episodes']} episodes ({res['train_examples']} train"
+                  + (f"; {res['excluded_seen_by_init']} held-out episodes left out: the "
+                     "--init-from model trained on them" if res.get("excluded_seen_by_init")
+                     else "") + ")", "",
                   "| variant | " + " | ".join(cols) + " |",
                   "| --- |" + " --- |" * len(cols)]  # fmt: skip
         for name, v in res["variants"].items():

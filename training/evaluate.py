@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,14 +350,26 @@ def bootstrap_ci(
 # --------------------------------------------------------------------------- models and sets
 
 
-def heldout_examples(model: str, set_path: str | Path, *, limit: int | None = None) -> list[Any]:
+def heldout_examples(
+    model: str,
+    set_path: str | Path,
+    *,
+    limit: int | None = None,
+    exclude: Collection[str] = (),
+) -> list[Any]:
     """The held-out examples of ``model`` in a set (first ``limit`` episodes' worth, if given).
 
-    ``limit`` keeps whole episodes (the bootstrap resamples episodes).
+    ``limit`` keeps whole episodes (the bootstrap resamples episodes). ``exclude``: episode
+    ids left out before the limit (those a continued model's starting point trained on).
     """
     from training.sets import load_set
 
-    ex = [e for e in load_set(set_path, split="heldout") if e.model == model]
+    skip = set(exclude)
+    ex = [
+        e
+        for e in load_set(set_path, split="heldout")
+        if e.model == model and e.episode_id not in skip
+    ]
     if not ex:
         raise ValueError(f"set {set_path} has no held-out {model} examples")
     if limit is not None:
