@@ -66,6 +66,7 @@ def same_world_ids(ids: set[str], dataset: str) -> set[str]:
     (``toy_120_1/000005`` is ``toy_240_1/000005``), but the split hashes the whole id, so
     an episode held out of the larger world may have been trained on in the smaller one.
     Ids of another seed or kind (or not toy ids) are other episodes and map to nothing.
+    When ``dataset`` is no toy world, ids keep their names: an episode's id is its own there.
     """
     m = _TOY.match(f"{dataset}/0")
     if m is None:
@@ -79,7 +80,7 @@ def same_world_ids(ids: set[str], dataset: str) -> set[str]:
 
 
 def seen_by_init(model: str, args: argparse.Namespace, dataset: Path) -> set[str]:
-    """Held-out ids of this world that ``--init-from``'s model (or its lineage) trained on."""
+    """Ids, in this world, of every episode ``--init-from``'s model (or its lineage) trained on."""
     if not args.init_from:
         return set()
     from training.release import trained_episodes

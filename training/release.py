@@ -58,9 +58,6 @@ def read_release(path: str | Path) -> dict[str, Any]:
     return json.loads(card.read_text())
 
 
-__all__ = ["RELEASE_CARD", "read_release", "release_model"]
-
-
 def trained_episodes(model_dir: str | Path) -> set[str]:
     """Every episode id a Flora export learnt from: its set's train split and, through the
     ``init_from`` it records, the train splits of every model it was continued from.
@@ -79,3 +76,6 @@ def trained_episodes(model_dir: str | Path) -> set[str]:
             raise TrainingError(f"{path}: continued from {parent}, which is not on disk")
         ids |= trained_episodes(parent)
     return ids
+
+
+__all__ = ["RELEASE_CARD", "read_release", "release_model", "trained_episodes"]
