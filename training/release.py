@@ -64,12 +64,16 @@ def trained_episodes(model_dir: str | Path) -> set[str]:
 
     A continued model must not be scored on an episode its starting point trained on; the
     set's own split cannot know that when the two models were trained on different sets.
-    An ``init_from`` that is no longer on disk is an error, not an empty set: the lineage
-    would be unknown.
+    An export whose set recorded no episode lists (a bare examples file) or an
+    ``init_from`` no longer on disk is an error, not an empty set: the lineage would be
+    unknown.
     """
     path = Path(model_dir)
     man = json.loads((path / "flora_model.json").read_text())
-    ids = set((man.get("set_manifest") or {}).get("episodes", {}).get("train", []))
+    train = (man.get("set_manifest") or {}).get("episodes", {}).get("train")
+    if train is None:
+        raise TrainingError(f"{path}: its set manifest records no training episodes")
+    ids = set(train)
     parent = (man.get("init_from") or {}).get("path")
     if parent:
         if not (Path(parent) / "flora_model.json").is_file():

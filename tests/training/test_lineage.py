@@ -39,6 +39,11 @@ def test_trained_episodes_follow_init_from_and_refuse_a_lost_parent(tmp_path):
     shutil.rmtree(first)
     with pytest.raises(TrainingError, match="not on disk"):
         trained_episodes(second)  # an unknown lineage is not an empty one
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "flora_model.json").write_text(json.dumps({"set_manifest": {}}))
+    with pytest.raises(TrainingError, match="records no training episodes"):
+        trained_episodes(bare)  # trained on a bare examples file: episodes unknown
 
 
 def test_heldout_examples_leave_out_excluded_episodes(tmp_path):
