@@ -76,18 +76,20 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from flora.backends.transformers_backend import TransformersBackend
-    from training.evaluate import backend_for, generate_outputs, heldout_examples, score_outputs
+    from training.evaluate import (
+        backend_for,
+        generate_outputs,
+        heldout_examples,
+        score_outputs,
+        unseen_heldout,
+    )
 
-    # A continued model is not scored on what its starting point trained on (learning.py).
-    seen: set[str] = set()
+    # A continued model is not scored on what its lineage trained on (training.lineage).
     if args.model_dir is not None:
-        from learning import same_world_ids
-
-        from training.release import trained_episodes
-
-        world = json.loads((args.set / "manifest.json").read_text())["dataset"]
-        seen = same_world_ids(trained_episodes(args.model_dir), world)
-    held = heldout_examples(args.model, args.set, limit=args.episodes, exclude=seen)
+        unseen = unseen_heldout(args.model, args.set, args.model_dir, limit=args.episodes)
+        held, left_out = unseen.examples, unseen.left_out
+    else:  # a checkpoint of a from-scratch run: its own set's split is its lineage
+        held, left_out = heldout_examples(args.model, args.set, limit=args.episodes), []
     if not all(e.guided_regex for e in held):
         raise SystemExit(f"{args.set}: built before sets stored guided_regex; rebuild it")
     if args.checkpoint is not None:
@@ -125,9 +127,7 @@ def main() -> None:
                 "source": source,
                 "episodes": sorted({e.episode_id for e in held}),
                 # held-out episodes not scored: the model's lineage trained on them
-                "left_out_seen": sorted(
-                    {e.episode_id for e in heldout_examples(args.model, args.set)} & seen
-                ),
+                "left_out_seen": left_out,
                 **res,
             },
             indent=2,

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import platform
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -56,36 +55,13 @@ NOT_JUDGED = {"outcome.parse_rate", "dense.parse_rate", "rubric.parse_rate"}
 LOWER_IS_BETTER = {"outcome.mae", "rubric.l1"}
 
 
-_TOY = re.compile(r"\Atoy_\d+_(\d+)(_quick)?/(\d+)\Z")
-
-
-def same_world_ids(ids: set[str], dataset: str) -> set[str]:
-    """``ids`` of toy worlds written as ids of the toy world named ``dataset``.
-
-    Worlds of one seed and episode kind draw episode ``i`` alike whatever their size
-    (``toy_120_1/000005`` is ``toy_240_1/000005``), but the split hashes the whole id, so
-    an episode held out of the larger world may have been trained on in the smaller one.
-    Ids of another seed or kind (or not toy ids) are other episodes and map to nothing.
-    When ``dataset`` is no toy world, ids keep their names: an episode's id is its own there.
-    """
-    m = _TOY.match(f"{dataset}/0")
-    if m is None:
-        return set(ids)
-    out = set()
-    for i in ids:
-        t = _TOY.match(i)
-        if t is not None and t.group(1, 2) == m.group(1, 2):
-            out.add(f"{dataset}/{t.group(3)}")
-    return out
-
-
 def seen_by_init(model: str, args: argparse.Namespace, dataset: Path) -> set[str]:
     """Ids, in this world, of every episode ``--init-from``'s model (or its lineage) trained on."""
     if not args.init_from:
         return set()
-    from training.release import trained_episodes
+    from training.lineage import seen_in
 
-    return same_world_ids(trained_episodes(args.init_from / model), dataset.name)
+    return seen_in(args.init_from / model, dataset.name)
 
 
 def _log(msg: str) -> None:

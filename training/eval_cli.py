@@ -36,6 +36,11 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         n_boot: int = typer.Option(1000, "--bootstrap", min=0, help="Bootstrap resamples."),
         mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log to MLflow."),
         json_out: Path | None = typer.Option(None, "--json", help="Also write results here."),
+        allow_unknown_lineage: bool = typer.Option(
+            False,
+            "--allow-unknown-lineage",
+            help="Score on the set's split alone when the model's lineage cannot be read.",
+        ),
     ) -> None:
         """Score a model on held-out episodes; log eval.* metrics (comparable across versions)."""
         from flora.cli_common import print_metrics
@@ -43,9 +48,9 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             EVAL_MODELS,
             backend_for,
             evaluate_model,
-            heldout_examples,
             log_eval,
             registered_model_dir,
+            unseen_heldout,
         )
 
         if model not in EVAL_MODELS:
@@ -62,7 +67,13 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             # kept (the MLflow tags name it): say where, so a rerun can pass --set
             typer.echo(f"built the set at {set_path} (pass --set to reuse it)")
         model_dir = registered_model_dir(model, version) if version is not None else path
-        examples = heldout_examples(model, set_path, limit=episodes)
+        # Never scored on an episode the model, or one it was continued from, trained on.
+        held = unseen_heldout(model, set_path, model_dir, limit=episodes,
+                              allow_unknown_lineage=allow_unknown_lineage)  # fmt: skip
+        examples = held.examples
+        if held.left_out or held.lineage != "known":
+            typer.echo(f"lineage {held.lineage}; {len(held.left_out)} held-out episodes left "
+                       "out (the model's lineage trained on them)")  # fmt: skip
         j = None
         if model == "captioner":
             from training.rewards import make_judge
@@ -70,11 +81,14 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             j = make_judge(judge)
         res = evaluate_model(model, examples, backend_for(model_dir, device=device), judge=j,
                              n_boot=n_boot)  # fmt: skip
-        res.info.update(model_dir=str(model_dir), set=str(set_path), version=version)
+        res.info.update(model_dir=str(model_dir), set=str(set_path), version=version,
+                        lineage=held.lineage, left_out_seen=held.left_out)  # fmt: skip
         print_metrics(f"eval {model} ({len(examples)} held-out items)", res.metrics)
         if mlflow:
             tags = {"flora.eval.set": str(set_path), "flora.eval.model_dir": str(model_dir),
-                    "flora.eval.version": str(version or "")}  # fmt: skip
+                    "flora.eval.version": str(version or ""),
+                    "flora.eval.lineage": held.lineage[:500],
+                    "flora.eval.left_out_seen": str(len(held.left_out))}  # fmt: skip
             num = version if version is not None and version.isdigit() else None
             rid = log_eval(res, tags=tags, registered_version=num)
             typer.echo(f"logged to MLflow run {rid}")

@@ -372,14 +372,70 @@ def heldout_examples(
     ]
     if not ex:
         raise ValueError(f"set {set_path} has no held-out {model} examples")
-    if limit is not None:
-        keep: list[str] = []
-        for e in ex:
-            if e.episode_id not in keep:
-                keep.append(e.episode_id)
-        keep = keep[:limit]
-        ex = [e for e in ex if e.episode_id in keep]
-    return ex
+    return _first_episodes(ex, limit)
+
+
+def _first_episodes(ex: list[Any], limit: int | None) -> list[Any]:
+    """The examples of the first ``limit`` episodes (all when ``limit`` is None)."""
+    if limit is None:
+        return ex
+    keep: list[str] = []
+    for e in ex:
+        if e.episode_id not in keep:
+            keep.append(e.episode_id)
+    keep = keep[:limit]
+    return [e for e in ex if e.episode_id in keep]
+
+
+@dataclass
+class HeldOut:
+    """The held-out examples a model is scored on, and what its lineage left out."""
+
+    examples: list[Any]
+    left_out: list[str]  # held-out episodes of the set that the model's lineage trained on
+    lineage: str  # "known", or "unknown: <why>" (scored on the set's split alone)
+
+
+def unseen_heldout(
+    model: str,
+    set_path: str | Path,
+    model_dir: str | Path,
+    *,
+    limit: int | None = None,
+    allow_unknown_lineage: bool = False,
+) -> HeldOut:
+    """The set's held-out ``model`` examples, less every episode the model at ``model_dir``
+    or a model it was continued from trained on (:func:`training.lineage.seen_in`, per
+    dataset of the examples).
+
+    When that lineage cannot be read (an ancestor not on this machine, a set that listed
+    no episodes) it raises :class:`~training.sft.TrainingError`, unless
+    ``allow_unknown_lineage``: then the set's split alone is used and ``lineage`` says why.
+    """
+    from training.lineage import seen_in
+    from training.sft import TrainingError
+
+    every = heldout_examples(model, set_path)
+    seen: set[str] = set()
+    lineage = "known"
+    try:
+        for dataset in sorted({e.dataset for e in every}):
+            seen |= seen_in(model_dir, dataset)
+    except TrainingError as e:
+        if not allow_unknown_lineage:
+            raise TrainingError(
+                f"{e}; the held-out episodes it never saw cannot be told apart (pass "
+                "--allow-unknown-lineage to score on the set's split alone)"
+            ) from e
+        seen, lineage = set(), f"unknown: {e}"
+    unseen = [e for e in every if e.episode_id not in seen]
+    if not unseen:
+        raise ValueError(
+            f"set {set_path}: the model at {model_dir} (or one it was continued from) "
+            f"trained on every held-out {model} episode"
+        )
+    left_out = sorted({e.episode_id for e in every} & seen)
+    return HeldOut(_first_episodes(unseen, limit), left_out, lineage)
 
 
 def backend_for(
@@ -524,6 +580,8 @@ __all__ = [
     "evaluate_model",
     "generate_outputs",
     "heldout_examples",
+    "unseen_heldout",
+    "HeldOut",
     "log_eval",
     "metric_key",
     "registered_model_dir",

@@ -269,12 +269,14 @@ def evaluate(
         backend_for,
         evaluate_model,
         flat_metrics,
-        heldout_examples,
         log_eval,
+        unseen_heldout,
     )
 
     r = recipe_for(model, recipe)
-    examples = heldout_examples(model, set_path, limit=max_episodes or None)
+    # A model continued from another (init_from) is not scored on what that one trained on.
+    held = unseen_heldout(model, set_path, trained["model_dir"], limit=max_episodes or None)
+    examples = held.examples
     judge = _judge(model, r)
     with _child("evaluate", model, run_id) as rec:
         res = evaluate_model(model, examples, backend_for(trained["model_dir"], device="auto"),
@@ -303,6 +305,7 @@ def evaluate(
             "eval_run_id": rid,
             "items": len(res.items),
             "heldout_examples": len(examples),
+            "left_out_seen": held.left_out,
         }
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(report, indent=2, default=str))

@@ -58,28 +58,4 @@ def read_release(path: str | Path) -> dict[str, Any]:
     return json.loads(card.read_text())
 
 
-def trained_episodes(model_dir: str | Path) -> set[str]:
-    """Every episode id a Flora export learnt from: its set's train split and, through the
-    ``init_from`` it records, the train splits of every model it was continued from.
-
-    A continued model must not be scored on an episode its starting point trained on; the
-    set's own split cannot know that when the two models were trained on different sets.
-    An export whose set recorded no episode lists (a bare examples file) or an
-    ``init_from`` no longer on disk is an error, not an empty set: the lineage would be
-    unknown.
-    """
-    path = Path(model_dir)
-    man = json.loads((path / "flora_model.json").read_text())
-    train = (man.get("set_manifest") or {}).get("episodes", {}).get("train")
-    if train is None:
-        raise TrainingError(f"{path}: its set manifest records no training episodes")
-    ids = set(train)
-    parent = (man.get("init_from") or {}).get("path")
-    if parent:
-        if not (Path(parent) / "flora_model.json").is_file():
-            raise TrainingError(f"{path}: continued from {parent}, which is not on disk")
-        ids |= trained_episodes(parent)
-    return ids
-
-
-__all__ = ["RELEASE_CARD", "read_release", "release_model", "trained_episodes"]
+__all__ = ["RELEASE_CARD", "read_release", "release_model"]

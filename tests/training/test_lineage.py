@@ -2,27 +2,33 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
+from flora.cli import app
+from flora.cli_common import run_app
 from tests.training.helpers import mini_examples, write_set
-from training.evaluate import heldout_examples
-from training.release import trained_episodes
+from training.evaluate import heldout_examples, unseen_heldout
+from training.lineage import same_world_ids, trained_episodes
 from training.sft import TrainingError
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _export(path: Path, train: list[str], init_from: Path | None = None) -> Path:
     """A model dir holding only the lineage fields of ``flora_model.json``."""
     path.mkdir(parents=True)
-    man: dict = {"set_manifest": {"episodes": {"train": train, "heldout": ["other/9"]}}}
+    man: dict = {
+        "set_manifest": {"episodes": {"train": train, "heldout": ["other/9"]}},
+        "files": {"model/model.safetensors": f"{len(train):064d}"},
+    }
     if init_from is not None:
-        man["init_from"] = {"path": str(init_from), "sha256": "0" * 64}
+        parent = (
+            json.loads((init_from / "flora_model.json").read_text()) if init_from.exists() else {}
+        )
+        digest = next(iter(parent.get("files", {}).values()), "f" * 64)
+        man["init_from"] = {"path": str(init_from), "sha256": digest}
     (path / "flora_model.json").write_text(json.dumps(man))
     return path
 
@@ -36,6 +42,11 @@ def test_trained_episodes_follow_init_from_and_refuse_a_lost_parent(tmp_path):
         "toy_120_1/000004",
         "toy_240_1/000007",
     }
+    _export(tmp_path / "other", ["toy_120_1/000009"])
+    shutil.rmtree(first)
+    shutil.copytree(tmp_path / "other", first)  # the folder now holds other weights
+    with pytest.raises(TrainingError, match="now holds other weights"):
+        trained_episodes(second)
     shutil.rmtree(first)
     with pytest.raises(TrainingError, match="not on disk"):
         trained_episodes(second)  # an unknown lineage is not an empty one
@@ -57,10 +68,34 @@ def test_heldout_examples_leave_out_excluded_episodes(tmp_path):
 
 
 def test_same_world_ids_maps_only_the_same_seed_and_kind():
-    spec = importlib.util.spec_from_file_location("learning", REPO / "benchmarks" / "learning.py")
-    learning = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(learning)
     ids = {"toy_120_1/000005", "toy_120_2/000006", "toy_16_1_quick/000007", "lerobot/000008"}
-    assert learning.same_world_ids(ids, "toy_240_1") == {"toy_240_1/000005"}
-    assert learning.same_world_ids(ids, "toy_40_1_quick") == {"toy_40_1_quick/000007"}
-    assert learning.same_world_ids(ids, "fleet") == ids  # not a toy world: ids are as given
+    assert same_world_ids(ids, "toy_240_1") == {"toy_240_1/000005"}
+    assert same_world_ids(ids, "toy_40_1_quick") == {"toy_40_1_quick/000007"}
+    assert same_world_ids(ids, "fleet") == ids  # not a toy world: ids are as given
+
+
+def test_unseen_heldout_leaves_out_the_lineage_and_refuses_an_unknown_one(tmp_path):
+    s = write_set(tmp_path / "set", mini_examples(n_heldout=3))
+    first = _export(tmp_path / "first", ["mini/000004"])  # a held-out episode of this set
+    second = _export(tmp_path / "second", ["mini/000000"], init_from=first)
+    held = unseen_heldout("captioner", s, second, limit=1)
+    assert held.left_out == ["mini/000004"] and held.lineage == "known"
+    assert [e.episode_id for e in held.examples] == ["mini/000005"]  # limit after exclusion
+    shutil.rmtree(first)
+    with pytest.raises(TrainingError, match="allow-unknown-lineage"):
+        unseen_heldout("captioner", s, second)
+    loose = unseen_heldout("captioner", s, second, allow_unknown_lineage=True)
+    assert loose.lineage.startswith("unknown: ") and "not on disk" in loose.lineage
+    assert len({e.episode_id for e in loose.examples}) == 3 and loose.left_out == []
+    every = _export(tmp_path / "every", ["mini/000004", "mini/000005", "mini/000006"])
+    with pytest.raises(ValueError, match="trained on every held-out captioner episode"):
+        unseen_heldout("captioner", s, every)
+
+
+def test_eval_model_refuses_a_model_whose_lineage_is_lost(tmp_path, capsys):
+    s = write_set(tmp_path / "set", mini_examples(n_heldout=2))
+    model = _export(tmp_path / "model", ["mini/000000"], init_from=tmp_path / "gone")
+    args = ["eval", "model", "--model", "captioner", "--path", str(model), "--set", str(s)]
+    assert run_app(app, [*args, "--no-mlflow"]) != 0
+    err = capsys.readouterr().err
+    assert "continued from" in err and "not on disk" in err and "--allow-unknown-lineage" in err

@@ -1,0 +1,82 @@
+"""What a Flora model learnt from: the episodes its lineage trained on.
+
+A model continued from another (a recipe's ``init_from``) must not be scored on an
+episode its starting point trained on, and the set it is scored on cannot know that when
+the two models were trained on different sets: the split hashes the whole episode id,
+dataset name included. Toy worlds of one seed and kind draw episode *i* alike at every
+size, so ``toy_120_1/000019`` and ``toy_240_1/000019`` are one episode that hashes to
+different splits (``docs/training.md``, "A continued model is scored only on episodes its
+lineage never saw").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection
+from pathlib import Path
+
+from training.sft import TrainingError
+
+# toy_<episodes>_<seed>[_quick]/<index>: the id scheme of flora.toy.generate_dataset.
+_TOY = re.compile(r"\Atoy_\d+_(\d+)(_quick)?/(\d+)\Z")
+
+
+def trained_episodes(model_dir: str | Path) -> set[str]:
+    """Every episode id a Flora export learnt from: its set's train split and, through the
+    ``init_from`` it records, the train splits of every model it was continued from.
+
+    An export whose set recorded no episode lists (a bare examples file), or an
+    ``init_from`` no longer on disk or now holding other weights than the recorded digest,
+    raises :class:`TrainingError`, not an empty set: the lineage would be unknown.
+    """
+    path = Path(model_dir)
+    man = json.loads((path / "flora_model.json").read_text())
+    train = (man.get("set_manifest") or {}).get("episodes", {}).get("train")
+    if train is None:
+        raise TrainingError(f"{path}: its set manifest records no training episodes")
+    ids = set(train)
+    init = man.get("init_from") or {}
+    if init.get("path"):
+        parent = Path(init["path"])
+        if not (parent / "flora_model.json").is_file():
+            raise TrainingError(f"{path}: continued from {parent}, which is not on disk")
+        # The weights it started from are recorded by digest: a folder that now holds
+        # others (a newer release) is not its ancestor.
+        files = json.loads((parent / "flora_model.json").read_text()).get("files") or {}
+        if init.get("sha256") and init["sha256"] not in files.values():
+            raise TrainingError(
+                f"{path}: continued from {parent}, which now holds other weights "
+                f"(sha256 {init['sha256'][:12]}… is not among its files)"
+            )
+        ids |= trained_episodes(parent)
+    return ids
+
+
+def same_world_ids(ids: Collection[str], dataset: str) -> set[str]:
+    """``ids`` written as ids of the dataset named ``dataset``: the ones among them that
+    are episodes of it.
+
+    Toy worlds: ids of the same seed and kind map across world sizes
+    (``toy_120_1/000005`` is ``toy_240_1/000005``); another seed or kind, or a non-toy
+    id, is another episode and maps to nothing. When ``dataset`` is no toy world, ids keep
+    their names: an episode's id is its own there.
+    """
+    m = _TOY.match(f"{dataset}/0")
+    if m is None:
+        return set(ids)
+    out = set()
+    for i in ids:
+        t = _TOY.match(i)
+        if t is not None and t.group(1, 2) == m.group(1, 2):
+            out.add(f"{dataset}/{t.group(3)}")
+    return out
+
+
+def seen_in(model_dir: str | Path, dataset: str) -> set[str]:
+    """Ids, in ``dataset``, of every episode the model at ``model_dir`` (or a model it was
+    continued from) trained on. Raises :class:`TrainingError` when the lineage is unknown."""
+    return same_world_ids(trained_episodes(model_dir), dataset)
+
+
+__all__ = ["same_world_ids", "seen_in", "trained_episodes"]
