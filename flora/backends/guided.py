@@ -32,6 +32,7 @@ distribution), like vLLM's ``raw_logprobs``.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -158,11 +159,17 @@ class PrefixMask:
         complete: Callable[[str], bool],
         token_strings: list[str | None],
         eos_ids: list[int],
+        repair: Callable[..., str | None] | None = None,
+        watch: tuple[str, ...] = (),
     ):
         self.extendable = extendable
         self.complete = complete
         self.tokens = token_strings
         self.eos_ids = list(eos_ids)
+        # A guide that can say where a forced answer should be decoded again (the dense
+        # guide's repair) and which tokens' raw log-probabilities it reads to say so.
+        self.repair = repair
+        self.watch = watch
         self._cache: dict[str, list[int]] = {}
 
     def allowed(self, prefix: str) -> list[int]:
@@ -180,15 +187,21 @@ class PrefixMask:
         self._cache[prefix] = out
         return out
 
-    def __call__(self, generated: list[int], scores: Any) -> Any:
-        """Mask one row of logits (a 1-D tensor) given the ids generated so far."""
+    def __call__(self, generated: list[int], scores: Any, lead: str = "") -> Any:
+        """Mask one row of logits (a 1-D tensor) given the ids generated so far (after
+        ``lead``, answer text already in the prompt)."""
         import torch
 
-        prefix = "".join(self.tokens[i] or "" for i in generated)
+        prefix = lead + "".join(self.tokens[i] or "" for i in generated)
         keep = torch.tensor(self.allowed(prefix), dtype=torch.long, device=scores.device)
         masked = torch.full_like(scores, float("-inf"))
         masked[keep] = scores[keep]
         return masked
+
+    def continued(self, lead: str) -> Callable[[list[int], Any], Any]:
+        """This mask for an answer whose first characters ``lead`` are already written
+        (decoding continues after them); it does not repair."""
+        return functools.partial(self.__call__, lead=lead)
 
 
 class RegexMask(PrefixMask):
@@ -228,7 +241,8 @@ def make_mask(pattern: str, token_strings: list[str | None], eos_ids: list[int])
     compile_regex(pattern)  # a bad pattern is a RequestError either way
     guide = exact_guide(pattern)
     if guide is not None:
-        return PrefixMask(guide.extendable, guide.complete, token_strings, eos_ids)
+        return PrefixMask(guide.extendable, guide.complete, token_strings, eos_ids,
+                          getattr(guide, "repair", None), getattr(guide, "watch", ()))  # fmt: skip
     return RegexMask(pattern, token_strings, eos_ids)
 
 

@@ -15,6 +15,7 @@ reported logprob is still the raw one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -133,12 +134,15 @@ class _LogprobRecorder:
     t+1 (it is then the last input id), so one (B, V) row is kept between steps.
     """
 
-    def __init__(self, top_k: int):
+    def __init__(self, top_k: int, watch: Sequence[int] = ()):
         self.top_k = top_k
+        # Token ids whose log-probs are kept at every step (a guide's repair reads them).
+        self.watch = list(watch)
         self.prev: torch.Tensor | None = None
         self.chosen: list[torch.Tensor] = []
         self.top_vals: list[torch.Tensor] = []
         self.top_ids: list[torch.Tensor] = []
+        self.watched: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         lp = torch.log_softmax(scores.float(), dim=-1)
@@ -150,7 +154,13 @@ class _LogprobRecorder:
             v, i = lp.topk(self.top_k, dim=-1)
             self.top_vals.append(v)
             self.top_ids.append(i)
+        if self.watch:
+            self.watched.append(lp[:, self.watch])
         return scores
+
+    def watched_logprobs(self) -> torch.Tensor:
+        """(B, T, len(watch)) raw log-probs of the watched ids at every step, on the CPU."""
+        return torch.stack(self.watched, 1).cpu() if self.watched else torch.zeros(0, 0, 0)
 
     def finish(self, last_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(chosen (B, T), top values (B, T, k), top ids (B, T, k)) on the CPU."""
@@ -363,7 +373,10 @@ class TransformersBackend:
         return "video" if video_ok and len(req.images) >= 2 else "images"
 
     def _inputs(self, batch: Sequence[Chat]) -> Any:
-        texts = [render_prompt(self.processor, c) for c in batch]
+        # An assistant_prefix (a repaired answer's head) is continued, not answered afresh.
+        texts = [
+            render_prompt(self.processor, c) + c.meta.get("assistant_prefix", "") for c in batch
+        ]
         images = [img for c in batch for img in c.images()]
         videos = [v for c in batch for v in c.videos()]
         kwargs: dict[str, Any] = {}
@@ -399,7 +412,8 @@ class TransformersBackend:
         prompt_len = enc["input_ids"].shape[1]
         attn = enc["attention_mask"]
         top_k = max((c.top_logprobs for c in batch), default=0)
-        recorder = _LogprobRecorder(top_k)
+        watch = self._watch_ids(batch)
+        recorder = _LogprobRecorder(top_k, list(watch.values()))
         sample = temperature > 0
         # Flora controls decoding fully: the checkpoint's own defaults (top_k/top_p,
         # repetition penalty…) are overridden. Pure temperature sampling, or greedy.
@@ -463,7 +477,77 @@ class TransformersBackend:
                     prompt_tokens=int(attn[b].sum()),
                 )
             )
+        if watch:
+            watched = recorder.watched_logprobs()
+            for b, chat in enumerate(batch):
+                mask = chat.meta.get("logits_mask")
+                if getattr(mask, "repair", None) is not None:
+                    gens[b] = self._repaired(chat, gens[b], watched[b], watch, seed)
         return gens
+
+    def _watch_ids(self, batch: Sequence[Chat]) -> dict[str, int]:
+        """Token ids of the strings the batch's repairing guides watch (string -> id)."""
+        out: dict[str, int] = {}
+        for c in batch:
+            mask = c.meta.get("logits_mask")
+            for s in getattr(mask, "watch", ()):
+                if s not in out and s in mask.tokens:
+                    out[s] = mask.tokens.index(s)  # a handful of strings, once per batch
+        return out
+
+    def _repaired(
+        self,
+        chat: Chat,
+        gen: Generation,
+        watched: torch.Tensor,
+        watch: dict[str, int],
+        seed: int | None,
+    ) -> Generation:
+        """``gen``, or — when its guide says the grammar forced the answer — the answer the
+        model gives when decoding goes on from the guide's repair point
+        (:meth:`flora.reward.dense.DenseGuide.repair`)."""
+        mask = chat.meta["logits_mask"]
+        starts: dict[int, int] = {}
+        pos = 0
+        for t, tid in enumerate(gen.token_ids):
+            starts[pos] = t
+            pos += len(mask.tokens[tid] or "")
+        text = "".join(mask.tokens[i] or "" for i in gen.token_ids)
+
+        def label_logprobs(i: int) -> dict[str, float] | None:
+            t = starts.get(i)
+            if t is None or t >= watched.shape[0]:
+                return None
+            return dict(zip(watch, watched[t].tolist(), strict=True))  # in watch's order
+
+        lead = mask.repair(text, label_logprobs)
+        if lead is None or gen.error is not None:
+            return gen
+        cut = starts[len(lead) - 1]  # the token whose label the repair replaced
+        budget = chat.max_new_tokens - cut - 1
+        if budget < 1:
+            return gen
+        again = dataclasses.replace(
+            chat,
+            max_new_tokens=budget,
+            meta={**chat.meta, "logits_mask": mask.continued(lead), "assistant_prefix": lead},
+        )
+        try:
+            (rest,) = self._run_batch([again], budget, again.temperature, seed)
+        except Exception as e:  # noqa: BLE001 - the guided answer stands without the repair
+            log.warning("dense repair of one answer failed (%s); keeping the guided answer", e)
+            return gen
+        if rest.error is not None:
+            return gen
+        placed = TokenLogprob(lead[-1], float(label_logprobs(len(lead) - 1)[lead[-1]]), {})
+        head = gen.logprobs[:cut] + [placed] if chat.want_logprobs else []
+        return Generation(
+            text=lead + rest.text,
+            token_ids=gen.token_ids[:cut] + [watch[lead[-1]]] + rest.token_ids,
+            logprobs=head + rest.logprobs if chat.want_logprobs else [],
+            finish_reason=rest.finish_reason,
+            prompt_tokens=gen.prompt_tokens,
+        )
 
     def _tok_str(self, tid: int) -> str:
         return self.tokenizer.decode([int(tid)], skip_special_tokens=False)

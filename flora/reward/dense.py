@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -278,6 +278,46 @@ class DenseGuide:
     def complete(self, text: str) -> bool:
         """Whether ``text`` is a whole valid answer."""
         return self._rx.fullmatch(text) is not None and self._labels_fit(text)
+
+    #: Label tokens whose raw log-probabilities :meth:`repair` reads.
+    watch = ("1", "2", "3")
+
+    def repair(
+        self, text: str, label_logprobs: Callable[[int], dict[str, float] | None]
+    ) -> str | None:
+        """Where to decode a guided answer again when the guide, not the model, placed the
+        declared worst level — at group 32, the last chance, because no label above did.
+
+        Forcing it there puts a failure at the window's end whatever the frames show. The
+        smallest single edit that keeps the rule is instead the group where the level costs
+        the least log-probability against the model's likeliest allowed label. Returned:
+        the answer up to that group's label, with the level put there, for the model to
+        continue (the groups after it are decoded again, so a run of failures can follow).
+        ``label_logprobs(i)``: the model's raw log-probabilities of :attr:`watch` at the
+        token starting at character ``i`` of ``text`` (None when unknown). None: nothing to
+        repair (an incomplete answer, the model placed the level itself, or group 32 is
+        the cheapest place).
+        """
+        declared = _DECLARED.match(text)
+        if declared is None or not self.complete(text):
+            return None
+        worst = declared.group(1)
+        marks = list(_GROUP_LABEL.finditer(text))
+        if [m.group(1) for m in marks].index(worst) != len(marks) - 1:
+            return None  # the level appears above the last group: the model placed it
+        allowed = [lab for lab in self.watch if lab >= worst]
+        costs: list[tuple[float, int]] = []
+        for m in marks:
+            lp = label_logprobs(m.start(1))
+            if lp is None or any(lab not in lp for lab in allowed):
+                continue
+            costs.append((max(lp[lab] for lab in allowed) - lp[worst], m.start(1)))
+        if not costs or costs[-1][1] != marks[-1].start(1) or costs[-1][0] <= 0.0:
+            return None  # group 32 unread, or the model chose the level there itself
+        _, at = min(costs)  # ties: the earlier group
+        if at == marks[-1].start(1):
+            return None
+        return text[:at] + worst
 
 
 @functools.cache

@@ -311,3 +311,49 @@ def test_guided_rollouts_of_the_live_policy(tiny_backend):
         texts = [r.text for r in live.generate([req] * 4)]
         hits = [regex.fullmatch(pattern, t, partial=True) is not None for t in texts]
         assert all(hits) if guided else not any(hits), texts
+
+
+def test_a_forced_dense_label_is_decoded_again_from_the_cheapest_group(tiny_model):
+    """The dense guide forces the declared worst level at group 32 when no label above took
+    it; the backend then continues the answer, within the guide, from the group where the
+    model found that level least unlikely (``DenseGuide.repair``). The first pass is set
+    by hand (the answer and the raw label log-probs a model would have given); the
+    continuation is the tiny model's own."""
+    from flora.backends.base import TokenLogprob
+    from flora.backends.transformers_backend import Generation
+    from flora.reward.dense import DenseGuide, DenseOutput, dense_regex, parse_dense, render_dense
+
+    backend = TransformersBackend(tiny_model, device="cpu", guided=True)
+    req = VLMRequest(prompt="dense", images=frames(2), max_new_tokens=300,
+                     guided_regex=dense_regex())  # fmt: skip
+    chat = request_to_chat(req, "images")
+    mask = chat.meta["logits_mask"] = backend.regex_mask(dense_regex())
+    text = render_dense([3] * 31 + [1], [""] * 31 + ["dropped"])
+    ids = backend.tokenizer.encode(text)
+    assert "".join(mask.tokens[i] for i in ids) == text
+    starts, pos = {}, 0
+    for t, i in enumerate(ids):
+        starts[pos] = t
+        pos += len(mask.tokens[i])
+    at30, at32 = text.index("\n30: ") + 5, text.index("\n32: ") + 5
+    watch = backend._watch_ids([chat])
+    assert sorted(watch) == ["1", "2", "3"]
+    col = {s: k for k, s in enumerate(watch)}
+    watched = torch.full((len(ids), 3), -8.0)
+    watched[:, col["3"]] = -0.05  # the model prefers "normal" at every label
+    watched[starts[at30], col["1"]] = -1.0  # and finds a failure least unlikely at group 30
+    first = Generation(text=text, token_ids=ids, prompt_tokens=7,
+                       logprobs=[TokenLogprob(mask.tokens[i], -0.1, {}) for i in ids])  # fmt: skip
+    out = backend._repaired(chat, first, watched, watch, seed=0)
+    lead = text[:at30] + "1"
+    assert out is not first and out.text.startswith(lead), out.text[:80]
+    assert DenseGuide().extendable(out.text), out.text
+    assert backend.tokenizer.decode(out.token_ids) == out.text
+    assert len(out.logprobs) == len(out.token_ids) and out.prompt_tokens == 7
+    assert out.logprobs[starts[at30]].logprob == -1.0  # the placed label, raw log-prob
+    if out.finish_reason == "stop":
+        parsed = parse_dense(out.text)
+        assert isinstance(parsed, DenseOutput) and parsed.labels[29] == 1, out.text
+    # The model chose the level at group 32 itself: nothing is decoded again.
+    watched[starts[at32], col["1"]] = -0.01
+    assert backend._repaired(chat, first, watched, watch, seed=0) is first

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -331,3 +332,37 @@ def test_stitch_outputs_carries_reason_and_source():
     assert (r11.source_window, r11.source_group) == (0, 23)
     r13 = next(r for r in rows if r.t_us == 13 * S)
     assert (r13.source_window, r13.source_group) == (1, 7)
+
+
+def _label_lps(text: str, at: dict[int, dict[str, float]]):
+    """Raw label log-probs per group: ``at[g]`` where given, else "3" likeliest."""
+    label_at = {m.end(): int(m.group(1)) for m in re.finditer(r"\n(\d+): ", text)}
+
+    def lps(i: int) -> dict[str, float] | None:
+        g = label_at.get(i)
+        return None if g is None else at.get(g, {"1": -8.0, "2": -9.0, "3": -0.05})
+
+    return lps
+
+
+def test_repair_moves_a_forced_label_to_where_the_model_finds_it_least_unlikely():
+    guide = DenseGuide()
+    text = render_dense([3] * 31 + [1], [""] * 31 + ["dropped"])  # forced at group 32
+    lead = guide.repair(text, _label_lps(text, {7: {"1": -1.0, "2": -9.0, "3": -0.5}}))
+    assert lead == text[: text.index("\n7: ") + len("\n7: ")] + "1"
+    assert guide.extendable(lead) and not guide.complete(lead)
+    # Nothing to repair: the model chose the level at group 32 itself; group 32 is the
+    # cheapest place; the level is placed above group 32; the answer is incomplete.
+    own = {32: {"1": -0.1, "2": -5.0, "3": -3.0}, 7: {"1": -1.0, "2": -9.0, "3": -0.5}}
+    assert guide.repair(text, _label_lps(text, own)) is None
+    assert guide.repair(text, _label_lps(text, {32: {"1": -2.0, "2": -9.0, "3": -1.0}})) is None
+    placed = render_dense([3] * 4 + [1] + [3] * 27, [""] * 4 + ["slipped"] + [""] * 27)
+    assert guide.repair(placed, _label_lps(placed, {2: {"1": -0.2, "2": -9, "3": -1}})) is None
+    assert guide.repair(text[:-10], _label_lps(text, {7: {"1": -1.0, "2": -9, "3": -1}})) is None
+    # A declared 2 is weighed against the allowed labels (2, 3) only: at group 3 the model
+    # prefers "1", which is not allowed there, so 2 costs nothing; counting "1" would put
+    # the cheapest place at group 9.
+    two = render_dense([3] * 31 + [2], [""] * 31 + ["slow"])
+    g3, g9 = {"1": -0.01, "2": -1.5, "3": -3.0}, {"1": -5.0, "2": -1.0, "3": -0.2}
+    lps = _label_lps(two, {3: g3, 9: g9})
+    assert guide.repair(two, lps) == two[: two.index("\n3: ") + len("\n3: ")] + "2"
