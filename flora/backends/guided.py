@@ -28,6 +28,13 @@ Enforcement in ``flora serve``:
 
 The log-probabilities the backend records are taken before the mask (the raw model
 distribution), like vLLM's ``raw_logprobs``.
+
+A guide may also say where an answer it had to force should be decoded again
+(``repair``, with the tokens whose raw log-probabilities it reads, ``watch``): the dense
+guide forces the declared worst level at group 32 when no label above took it, and its
+repair names the group where the model found that level least unlikely
+(:meth:`flora.reward.dense.DenseGuide.repair`). The backend then continues the answer
+from there under the same mask (:meth:`PrefixMask.continued`).
 """
 
 from __future__ import annotations

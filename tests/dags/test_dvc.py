@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import filecmp
 import shutil
-import warnings
 from pathlib import Path
-
-import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,35 +38,20 @@ def _dvc(args: list[str], cwd: Path) -> str:
 
 
 def _pointer(repo: Path) -> dict:
-    return yaml.safe_load((repo / "datasets.dvc").read_text())["outs"][0]
+    from tests.conftest import demo_pointer
+
+    return demo_pointer(repo)
 
 
 def test_committed_pointer_matches_regenerated_demo_dataset(demo_repo, tmp_path):
-    """A stale pointer differs on every regeneration. About one generation in 60 flips
-    one video file to the same alternative bytes (docs/dataset.md, "Determinism of the
-    bytes"; renderer or x264: not yet known), so a first mismatch is regenerated once more
-    before it counts as stale; the flip is reported as a warning naming the files."""
-    committed = _pointer(REPO)
-    fresh = _pointer(demo_repo)
-    assert fresh["path"] == committed["path"] == "datasets"
-    if fresh["md5"] != committed["md5"]:
-        from tests.conftest import build_demo_repo
+    """A stale pointer differs on every regeneration; the rare video byte flip does not
+    (tests.conftest.demo_repo_as_committed regenerates once before calling it stale)."""
+    from tests.conftest import demo_repo_as_committed
 
-        again = build_demo_repo(tmp_path / "again")
-        # A file only one generation has counts as differing (no FileNotFoundError here:
-        # the stale-pointer message below must be what a layout change reports).
-        differ = [p.relative_to(demo_repo) for p in sorted(demo_repo.rglob("datasets/**/*"))
-                  if p.is_file() and not ((again / p.relative_to(demo_repo)).is_file()
-                  and filecmp.cmp(p, again / p.relative_to(demo_repo), shallow=False))]  # fmt: skip
-        fresh = _pointer(again)
-        if fresh["md5"] == committed["md5"]:
-            warnings.warn(f"one of two demo-dataset generations differed in {differ} "
-                          "(the rare video byte flip, docs/dataset.md); the other matches the "
-                          "committed datasets.dvc", stacklevel=1)  # fmt: skip
-    assert fresh["md5"] == committed["md5"], (
-        "datasets.dvc is stale (two regenerations differ from it): run `make demo` and "
-        "commit datasets.dvc"
-    )
+    committed = _pointer(REPO)
+    fresh = _pointer(demo_repo_as_committed(demo_repo, tmp_path))
+    assert fresh["path"] == committed["path"] == "datasets"
+    assert fresh["md5"] == committed["md5"]
     assert (fresh["size"], fresh["nfiles"]) == (committed["size"], committed["nfiles"])
 
 

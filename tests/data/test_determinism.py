@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from flora.data.video import rgb_to_yuv420p
+from tests.flips import repeated_difference
 
 GENERATE = """
 import hashlib, json, sys
@@ -131,23 +132,30 @@ def clean_digest(tmp_path_factory) -> dict[str, str]:
     return _generate("", tmp_path_factory.mktemp("clean") / "toy")
 
 
-def _differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
-    assert sorted(a) == sorted(b)
-    return [k for k in a if a[k] != b[k]]
+def _differing(clean: dict[str, str], prelude: str, tmp_path: Path) -> list[str]:
+    """Files a run after ``prelude`` writes differently from a clean run — again in a
+    second pair of fresh runs (tests/flips.py: not the rare byte flip)."""
+    first = (clean, _generate(prelude, tmp_path / "toy"))
+    assert sorted(first[0]) == sorted(first[1])
+
+    def again() -> tuple[dict[str, str], dict[str, str]]:
+        return _generate("", tmp_path / "clean2"), _generate(prelude, tmp_path / "toy2")
+
+    return repeated_difference(first, again, "toy world after a prelude")
 
 
 def test_same_bytes_after_the_heavy_stack(clean_digest, tmp_path):
     assert any(k.endswith(".mp4") for k in clean_digest)
-    assert _differing(clean_digest, _generate(HEAVY_STACK, tmp_path / "toy")) == []
+    assert _differing(clean_digest, HEAVY_STACK, tmp_path) == []
 
 
 def test_same_bytes_while_other_threads_work(clean_digest, tmp_path):
-    assert _differing(clean_digest, _generate(BUSY_THREADS, tmp_path / "toy")) == []
+    assert _differing(clean_digest, BUSY_THREADS, tmp_path) == []
 
 
 def test_same_bytes_when_libav_runs_plain_c(clean_digest, tmp_path):
     """Fails while frames go through libswscale: its C and SIMD conversions differ."""
-    assert _differing(clean_digest, _generate(LIBAV_PLAIN_C, tmp_path / "toy")) == []
+    assert _differing(clean_digest, LIBAV_PLAIN_C, tmp_path) == []
 
 
 def test_rgb_to_yuv420p_known_colours_and_chroma_mean():
