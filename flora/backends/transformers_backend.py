@@ -506,6 +506,8 @@ class TransformersBackend:
         """``gen``, or — when its guide says the grammar forced the answer — the answer the
         model gives when decoding goes on from the guide's repair point
         (:meth:`flora.reward.dense.DenseGuide.repair`)."""
+        if gen.error is not None:
+            return gen
         mask = chat.meta["logits_mask"]
         starts: dict[int, int] = {}
         pos = 0
@@ -521,7 +523,7 @@ class TransformersBackend:
             return dict(zip(watch, watched[t].tolist(), strict=True))  # in watch's order
 
         lead = mask.repair(text, label_logprobs)
-        if lead is None or gen.error is not None:
+        if lead is None:
             return gen
         cut = starts[len(lead) - 1]  # the token whose label the repair replaced
         budget = chat.max_new_tokens - cut - 1
