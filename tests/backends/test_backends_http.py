@@ -152,23 +152,24 @@ def test_500s_are_retried_bounded_then_error_while_others_succeed(served):
 
 
 def test_timeouts_and_500s_retried_then_success(tiny_model, tmp_path):
-    # Completion #0 sleeps past the client timeout; #0-#2 answer 500; #3 is served.
+    # Completion #0 sleeps past the client timeout; #0-#2 answer 500; #3 is served. The
+    # timeout leaves the served attempt 3 s: a tiny model's answer on two busy cores.
     server = start_server(
         tiny_model,
         tmp_path / "faulty.log",
-        "--delay-first", "1", "--delay-s", "3",
+        "--delay-first", "1", "--delay-s", "6",
         "--fail-first", "3",
     )  # fmt: skip
     try:
         client = OpenAIBackend(
-            server.url, timeout_s=1.0, max_retries=3, max_concurrency=1, backoff_s=0.01
+            server.url, timeout_s=3.0, max_retries=3, max_concurrency=1, backoff_s=0.01
         )
         (resp,) = client.generate(_reqs()[2:3])
         assert resp.ok, resp.error
         assert resp.text and len(resp.logprobs) >= 1
         assert client.attempts == 4
         # #0 (abandoned by the client) also answers 500 once its sleep ends.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a hang guard: #0's sleep ends after 6 s
         while server.health()["injected_failures"] < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
         h = server.health()
