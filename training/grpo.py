@@ -179,16 +179,31 @@ def grpo_loss(
 class GRPOPrompt:
     """One GRPO prompt: the request the step sends and what its reward needs.
 
-    Segmenter: ``n_ticks`` and ``reference`` (the window's ``LocalSegment`` list with
-    flags). Captioner: ``requirements`` (the event's reference requirements).
+    ``source``: the request, or the set example (:class:`training.sets.Example`) it is
+    built from each time a step uses the prompt — frames are then decoded per step, not
+    all at once (a 240-episode segmenter set decodes to ~5 GB of frames). Segmenter:
+    ``n_ticks`` and ``reference`` (the window's ``LocalSegment`` list with flags).
+    Captioner: ``requirements`` (the event's reference requirements).
     """
 
     model: str
-    request: VLMRequest
+    source: Any  # VLMRequest | training.sets.Example
     prompt_id: str
     n_ticks: int = 0
     reference: list[Any] = field(default_factory=list)
     requirements: list[Any] = field(default_factory=list)
+
+    @property
+    def request(self) -> VLMRequest:
+        """The request the step sends (built afresh from an example)."""
+        if isinstance(self.source, VLMRequest):
+            return self.source
+        return self.source.to_request(keep_frames=False)
+
+    @property
+    def guided_regex(self) -> str | None:
+        """The request's grammar regex, read without building the request."""
+        return self.source.guided_regex or None
 
     def __post_init__(self) -> None:
         if self.model not in GRPO_MODELS:
@@ -636,13 +651,14 @@ def grpo_step(
             halves[f"{half}_reward_mean"] = float(v.mean()) if len(v) else math.nan
             halves[f"{half}_parse_rate"] = float(np.mean(p)) if p else math.nan
 
+    requests = [p.request for p in prompts]  # built once per step (frames decoded here)
     encoded = [
-        encode_group(processor, p.request, tx) if bool(valid[i]) else None
-        for i, (p, tx) in enumerate(zip(prompts, texts, strict=True))
+        encode_group(processor, r, tx) if bool(valid[i]) else None
+        for i, (r, tx) in enumerate(zip(requests, texts, strict=True))
     ]
     if masks is not None:  # guided rollouts: score the masked policy they came from
-        for p, e in zip(prompts, encoded, strict=True):
-            mask = masks(p.request) if e is not None else None
+        for r, e in zip(requests, encoded, strict=True):
+            mask = masks(r) if e is not None else None
             if mask is not None:
                 if n_guided is not None and n_guided < cfg.group_size:
                     e.free_rows = torch.arange(cfg.group_size) >= n_guided
@@ -736,12 +752,13 @@ def prompts_from_examples(examples: Sequence[Any]) -> list[GRPOPrompt]:
     for ex in examples:
         ref = ex.reference_obj()
         try:
+            # The request is built per use: only the PNG bytes stay between steps.
             if ex.model == "segmenter":
-                p = GRPOPrompt("segmenter", ex.to_request(), ex.example_id,
+                p = GRPOPrompt("segmenter", ex, ex.example_id,
                                n_ticks=int(ref["n_ticks"]),
                                reference=as_local_segments(ref["segments"]))  # fmt: skip
             elif ex.model == "captioner":
-                p = GRPOPrompt("captioner", ex.to_request(), ex.example_id,
+                p = GRPOPrompt("captioner", ex, ex.example_id,
                                requirements=list(ref["requirements"]))  # fmt: skip
             else:
                 raise ValueError(f"no GRPO for {ex.model!r} (no RL for the rewarder)")
@@ -978,7 +995,7 @@ def train_grpo(
 def check_guided_prompts(prompts: Sequence[GRPOPrompt], set_path: str | Path) -> None:
     """Guided rollouts need every prompt's grammar regex: without it a rollout would decode
     freely while the recipe says guided. Raises ``ValueError`` naming the set and prompts."""
-    bare = [p.prompt_id for p in prompts if not p.request.guided_regex]
+    bare = [p.prompt_id for p in prompts if not p.guided_regex]
     if bare:
         raise ValueError(
             f"set {set_path}: grpo.guided needs prompts that carry their grammar regex; "

@@ -65,6 +65,8 @@ SET_FORMAT = "flora-training-set/1"
 #: ``kind`` in a set folder's owner marker (:mod:`flora.safety`): only such a folder (or a
 #: set written before the marker, its manifest naming :data:`SET_FORMAT`) is replaced.
 SET_KIND = "training set"
+#: Examples per Parquet row group of a set's examples file.
+SET_ROW_GROUP = 64
 COLUMNS: tuple[str, ...] = (
     "example_id",
     "model",
@@ -130,11 +132,17 @@ class Example:
             self._decoded = [decode_png(b) for b in self.images]
         return self._decoded
 
-    def to_request(self) -> VLMRequest:
-        """The exact ``VLMRequest`` the inference step sends for this item."""
+    def to_request(self, keep_frames: bool = True) -> VLMRequest:
+        """The exact ``VLMRequest`` the inference step sends for this item.
+
+        ``keep_frames=False``: the decoded frames are not kept on the example (a caller
+        that builds each request once per use, over a large set).
+        """
+        frames = self.image_arrays() if keep_frames or self._decoded is not None else [
+            decode_png(b) for b in self.images]  # fmt: skip
         return VLMRequest(
             prompt=self.prompt,
-            images=list(self.image_arrays()),
+            images=list(frames),
             frame_times_us=list(self.frame_times_us) if self.frame_times_us is not None else None,
             system=self.system,
             max_new_tokens=int(self.max_new_tokens),
@@ -681,7 +689,9 @@ def _write(
     if tmp.exists():
         shutil.rmtree(tmp)
     claim_output_dir(tmp, SET_KIND)
-    df.to_parquet(tmp / EXAMPLES_FILE, index=False)
+    # Small row groups: readers stream a set a few examples at a time (load_set) instead
+    # of decoding one whole column of images, which is most of the file.
+    df.to_parquet(tmp / EXAMPLES_FILE, index=False, row_group_size=SET_ROW_GROUP)
     pd.DataFrame(
         [
             {"table": f.table, "episode_id": f.episode_id, "item": f.item, "reason": f.reason}
@@ -943,33 +953,70 @@ def load_set(
 ) -> list[Example]:
     """Examples of a set (optionally one split / some task kinds), in file order.
 
+    Streamed in record batches, filtered as they come: memory holds the examples returned
+    (their PNG bytes) and one batch, not the whole file as a table beside them — a
+    240-episode segmenter set is 1.5 GB of images, most of them the other split's.
     A missing column or a file that is not a set is a :class:`SetError` naming it.
     """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if split is not None and split not in SPLITS:
+        raise SetError(f"split must be one of {SPLITS}, got {split!r}")
     f = _set_file(path)
     try:
-        df = pd.read_parquet(f)
+        # No pre-buffering: it would read every row group's bytes ahead of the batches.
+        pf = pq.ParquetFile(f, pre_buffer=False)
     except Exception as e:  # noqa: BLE001 - any unreadable file is a bad set
         raise SetError(f"{f}: not a readable Parquet set: {e}") from e
-    for c in OPTIONAL_COLUMNS:
-        if c not in df.columns:
-            df[c] = None
-    missing = [c for c in COLUMNS if c not in df.columns]
+    names = set(pf.schema_arrow.names)
+    missing = [c for c in COLUMNS if c not in names and c not in OPTIONAL_COLUMNS]
     if missing:
         raise SetError(f"{f}: not a training set, missing column(s) {missing}")
-    if split is not None:
-        if split not in SPLITS:
-            raise SetError(f"split must be one of {SPLITS}, got {split!r}")
-        df = df[df.split == split]
-    if kinds is not None:
-        df = df[df.task_kind.isin(list(kinds))]
+    wanted = list(kinds) if kinds is not None else None
+    # Arrow's allocator keeps freed batches for reuse; handed back every few batches, the
+    # process does not grow by the file's size.
+    pool = pa_pool()
     out = []
-    for r in df.itertuples(index=False):
-        d = r._asdict()
-        ft = d["frame_times_us"]
-        d["frame_times_us"] = None if ft is None else [int(t) for t in ft]
-        d["images"] = [bytes(b) for b in d["images"]]
-        out.append(Example(**d))
+    try:
+        batches = pf.iter_batches(batch_size=64, columns=[c for c in COLUMNS if c in names])
+        for i, batch in enumerate(batches):
+            if i % 8 == 7:
+                pool.release_unused()
+            keep = None
+            if split is not None:
+                keep = pc.equal(batch.column("split"), split)
+            if wanted is not None:
+                k = pc.is_in(batch.column("task_kind"), value_set=pa_array(wanted))
+                keep = k if keep is None else pc.and_(keep, k)
+            if keep is not None:
+                batch = batch.filter(keep)
+            for d in batch.to_pylist():
+                for c in OPTIONAL_COLUMNS:
+                    d.setdefault(c, None)
+                ft = d["frame_times_us"]
+                d["frame_times_us"] = None if ft is None else [int(t) for t in ft]
+                d["images"] = [bytes(b) for b in d["images"]]
+                out.append(Example(**d))
+    except (OSError, ValueError) as e:  # a truncated or corrupt file, found mid-read
+        raise SetError(f"{f}: not a readable Parquet set: {e}") from e
+    del batches, pf  # their buffers go back before the pool is trimmed
+    pool.release_unused()
     return out
+
+
+def pa_array(values: list[str]) -> Any:
+    """A pyarrow string array (for ``is_in`` filters)."""
+    import pyarrow as pa
+
+    return pa.array(values, type=pa.string())
+
+
+def pa_pool() -> Any:
+    """Arrow's default memory pool."""
+    import pyarrow as pa
+
+    return pa.default_memory_pool()
 
 
 def set_failures(path: str | Path) -> pd.DataFrame:

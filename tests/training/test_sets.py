@@ -214,3 +214,37 @@ def test_a_set_written_before_guided_regex_still_loads(sets, tmp_path) -> None:
     pd.read_parquet(f).drop(columns=["guided_regex"]).to_parquet(f)
     exs = load_set(old)
     assert exs and all(e.guided_regex is None and e.to_request().guided_regex is None for e in exs)
+
+
+def test_load_set_streams_row_groups_and_filters_like_the_whole_table(sets) -> None:
+    """Sets are written in small row groups and read a batch at a time; what is returned
+    (order, split and kind filters, every field) is what the whole table holds."""
+    import pyarrow.parquet as pq
+
+    from training.sets import EXAMPLES_FILE, SET_ROW_GROUP
+
+    path = sets["rewarder"]
+    meta = pq.ParquetFile(path / EXAMPLES_FILE).metadata
+    assert all(meta.row_group(i).num_rows <= SET_ROW_GROUP for i in range(meta.num_row_groups))
+    df = pd.read_parquet(path / EXAMPLES_FILE)
+    every = load_set(path)
+    assert [e.example_id for e in every] == list(df.example_id)
+    assert [bytes(b) for b in df.images.iloc[-1]] == every[-1].images
+    held = load_set(path, split="heldout", kinds=["dense", "rubric"])
+    want = df[(df.split == "heldout") & df.task_kind.isin(["dense", "rubric"])]
+    assert [e.example_id for e in held] == list(want.example_id) and len(held) > 0
+    with pytest.raises(SetError, match="split must be one of"):
+        load_set(path, split="val")
+
+
+def test_grpo_prompts_decode_frames_only_when_a_step_uses_them(sets) -> None:
+    from training.grpo import prompts_from_examples
+
+    exs = load_set(sets["grpo-segmenter"])
+    prompts = prompts_from_examples(exs)
+    assert all(e._decoded is None for e in exs)  # nothing decoded up front
+    req = prompts[0].request
+    assert len(req.images) == len(exs[0].images) and req.images[0].ndim == 3
+    assert exs[0]._decoded is None  # built per use, not kept on the example
+    assert prompts[0].guided_regex == exs[0].guided_regex
+    assert req.guided_regex == exs[0].guided_regex
