@@ -895,7 +895,9 @@ def train_grpo(
         _barrier,
         _export,
         _git_commit,
+        export_weights,
         init_distributed,
+        verify_model_dir,
     )
 
     recipe = recipe if not isinstance(recipe, str | Path) else load_recipe(recipe)
@@ -981,7 +983,9 @@ def train_grpo(
             bar.set_postfix(post)
         bar.close()
         final = out / "model"
-        _export(engine, recipe, base_dir, base_id, final, rank, Path(set_path))
+        # The SFT export it started from is its lineage (training.lineage follows it).
+        start = export_weights(sft_model_dir, verify_model_dir(sft_model_dir))
+        _export(engine, recipe, base_dir, base_id, final, rank, Path(set_path), start)
         _barrier()
         result = GRPOResult(recipe.model, out, final, cfg.max_steps, history)
         mlf.finish(result, register)

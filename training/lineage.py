@@ -24,7 +24,9 @@ _TOY = re.compile(r"\Atoy_\d+_(\d+)(_quick)?/(\d+)\Z")
 
 def trained_episodes(model_dir: str | Path) -> set[str]:
     """Every episode id a Flora export learnt from: its set's train split and, through the
-    ``init_from`` it records, the train splits of every model it was continued from.
+    ``init_from`` it records, the train splits of every model it was continued from —
+    as written into the export when it was trained (``init_from.train_episodes``), else
+    by following the ancestor's path (exports written before that field).
 
     An export whose set recorded no episode lists (a bare examples file), or an
     ``init_from`` no longer on disk or now holding other weights than the recorded digest,
@@ -37,6 +39,8 @@ def trained_episodes(model_dir: str | Path) -> set[str]:
         raise TrainingError(f"{path}: its set manifest records no training episodes")
     ids = set(train)
     init = man.get("init_from") or {}
+    if init.get("train_episodes") is not None:  # recorded at export: no ancestor needed
+        return ids | set(init["train_episodes"])
     if init.get("path"):
         parent = Path(init["path"])
         if not (parent / "flora_model.json").is_file():

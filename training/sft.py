@@ -909,7 +909,7 @@ def _export(
             "git_commit": _git_commit(),
         }
         if init is not None:
-            man["init_from"] = init.lineage()
+            man["init_from"] = {**init.lineage(), **_ancestor_episodes(init.root)}
         man["files"] = {
             p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }
@@ -976,13 +976,33 @@ def resolve_init(recipe: Recipe, base_id: str) -> InitWeights | None:
         raise TrainingError(
             f"{where}: trained over base {man.get('base_id')}, the recipe's base is {base_id}"
         )
+    if kind == "lora":
+        _check_adapter_shape(p / "adapter", recipe, where)
+    return export_weights(p, man)
+
+
+def _ancestor_episodes(root: Path) -> dict[str, list[str]]:
+    """``{"train_episodes": [...]}``: every episode the model at ``root`` and its own
+    lineage trained on, written into the new export so that evaluating it never needs the
+    ancestor on disk (another machine, another pod); ``{}`` when that lineage is unknown
+    (then :func:`training.lineage.trained_episodes` follows the path, or refuses)."""
+    from training.lineage import trained_episodes
+
+    try:
+        return {"train_episodes": sorted(trained_episodes(root))}
+    except (TrainingError, OSError, ValueError):
+        return {}
+
+
+def export_weights(path: str | Path, manifest: dict[str, Any]) -> InitWeights:
+    """The weights of a verified export (``manifest``: its ``flora_model.json``), as the
+    lineage a model trained from them records (``init_from``)."""
+    p = Path(path).resolve()
+    kind = str(manifest.get("kind"))
     sub, weights = ("model", "model.safetensors") if kind == "full" else (
         "adapter", "adapter_model.safetensors")  # fmt: skip
-    if kind == "lora":
-        _check_adapter_shape(p / sub, recipe, where)
-    digest = man["files"].get(f"{sub}/{weights}", "")  # verified: files is a dict
-    return InitWeights(p.resolve(), p.resolve() / sub, digest, str(man.get("git_commit", "")),
-                       kind)  # fmt: skip
+    digest = manifest["files"].get(f"{sub}/{weights}", "")  # verified: files is a dict
+    return InitWeights(p, p / sub, digest, str(manifest.get("git_commit", "")), kind)
 
 
 def _check_adapter_shape(adapter: Path, recipe: Recipe, where: str) -> None:

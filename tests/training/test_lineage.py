@@ -99,3 +99,25 @@ def test_eval_model_refuses_a_model_whose_lineage_is_lost(tmp_path, capsys):
     assert run_app(app, [*args, "--no-mlflow"]) != 0
     err = capsys.readouterr().err
     assert "continued from" in err and "not on disk" in err and "--allow-unknown-lineage" in err
+
+
+def test_an_export_carries_its_ancestors_episodes_so_they_need_not_be_on_disk(tmp_path):
+    from training.sft import _ancestor_episodes
+
+    first = _export(tmp_path / "first", ["toy_120_1/000001", "toy_120_1/000004"])
+    second = _export(tmp_path / "second", ["toy_240_1/000007"], init_from=first)
+    recorded = _ancestor_episodes(second)  # what a model trained from `second` writes
+    assert recorded == {"train_episodes": sorted(trained_episodes(second))}
+    third = _export(tmp_path / "third", ["toy_240_1/000008"], init_from=second)
+    man = json.loads((third / "flora_model.json").read_text())
+    man["init_from"].update(recorded)
+    (third / "flora_model.json").write_text(json.dumps(man))
+    shutil.rmtree(first)
+    shutil.rmtree(second)  # another machine: no ancestor on disk, the lineage still known
+    assert trained_episodes(third) == {
+        "toy_120_1/000001",
+        "toy_120_1/000004",
+        "toy_240_1/000007",
+        "toy_240_1/000008",
+    }
+    assert _ancestor_episodes(tmp_path / "gone") == {}  # unknown: the path is followed later
