@@ -897,7 +897,7 @@ def train_grpo(
         _git_commit,
         export_weights,
         init_distributed,
-        verify_model_dir,
+        read_model_manifest,
     )
 
     recipe = recipe if not isinstance(recipe, str | Path) else load_recipe(recipe)
@@ -928,6 +928,9 @@ def train_grpo(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model, processor, groups, base_dir, base_id = load_policy(sft_model_dir, recipe, cfg.lr)
+        # The SFT export it starts from is its lineage (verified by load_policy; read now,
+        # so the export records it even if that folder goes away during training).
+        start = export_weights(sft_model_dir, read_model_manifest(sft_model_dir))
     reference = None
     if cfg.beta > 0:
         reference = copy.deepcopy(model).eval()
@@ -983,8 +986,6 @@ def train_grpo(
             bar.set_postfix(post)
         bar.close()
         final = out / "model"
-        # The SFT export it started from is its lineage (training.lineage follows it).
-        start = export_weights(sft_model_dir, verify_model_dir(sft_model_dir))
         _export(engine, recipe, base_dir, base_id, final, rank, Path(set_path), start)
         _barrier()
         result = GRPOResult(recipe.model, out, final, cfg.max_steps, history)

@@ -11,12 +11,11 @@ lineage never saw").
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Collection
 from pathlib import Path
 
-from training.sft import TrainingError
+from training.sft import MODEL_MANIFEST, TrainingError, read_model_manifest
 
 # toy_<episodes>_<seed>[_quick]/<index>: the id scheme of flora.toy.generate_dataset.
 _TOY = re.compile(r"\Atoy_\d+_(\d+)(_quick)?/(\d+)\Z")
@@ -33,7 +32,7 @@ def trained_episodes(model_dir: str | Path) -> set[str]:
     raises :class:`TrainingError`, not an empty set: the lineage would be unknown.
     """
     path = Path(model_dir)
-    man = json.loads((path / "flora_model.json").read_text())
+    man = read_model_manifest(path)
     train = (man.get("set_manifest") or {}).get("episodes", {}).get("train")
     if train is None:
         raise TrainingError(f"{path}: its set manifest records no training episodes")
@@ -43,11 +42,11 @@ def trained_episodes(model_dir: str | Path) -> set[str]:
         return ids | set(init["train_episodes"])
     if init.get("path"):
         parent = Path(init["path"])
-        if not (parent / "flora_model.json").is_file():
+        if not (parent / MODEL_MANIFEST).is_file():
             raise TrainingError(f"{path}: continued from {parent}, which is not on disk")
         # The weights it started from are recorded by digest: a folder that now holds
         # others (a newer release) is not its ancestor.
-        files = json.loads((parent / "flora_model.json").read_text()).get("files") or {}
+        files = read_model_manifest(parent).get("files") or {}
         if init.get("sha256") and init["sha256"] not in files.values():
             raise TrainingError(
                 f"{path}: continued from {parent}, which now holds other weights "

@@ -994,6 +994,12 @@ def _ancestor_episodes(root: Path) -> dict[str, list[str]]:
         return {}
 
 
+def read_model_manifest(path: str | Path) -> dict[str, Any]:
+    """An export's ``flora_model.json``, read without re-hashing its files (for a model a
+    caller has already verified)."""
+    return json.loads((Path(path) / MODEL_MANIFEST).read_text())
+
+
 def export_weights(path: str | Path, manifest: dict[str, Any]) -> InitWeights:
     """The weights of a verified export (``manifest``: its ``flora_model.json``), as the
     lineage a model trained from them records (``init_from``)."""
