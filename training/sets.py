@@ -958,6 +958,7 @@ def load_set(
     240-episode segmenter set is 1.5 GB of images, most of them the other split's.
     A missing column or a file that is not a set is a :class:`SetError` naming it.
     """
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -976,10 +977,12 @@ def load_set(
     wanted = list(kinds) if kinds is not None else None
     # Arrow's allocator keeps freed batches for reuse; handed back every few batches, the
     # process does not grow by the file's size.
-    pool = pa_pool()
+    pool = pa.default_memory_pool()
     out = []
     try:
-        batches = pf.iter_batches(batch_size=64, columns=[c for c in COLUMNS if c in names])
+        batches = pf.iter_batches(
+            batch_size=SET_ROW_GROUP, columns=[c for c in COLUMNS if c in names]
+        )
         for i, batch in enumerate(batches):
             if i % 8 == 7:
                 pool.release_unused()
@@ -987,7 +990,7 @@ def load_set(
             if split is not None:
                 keep = pc.equal(batch.column("split"), split)
             if wanted is not None:
-                k = pc.is_in(batch.column("task_kind"), value_set=pa_array(wanted))
+                k = pc.is_in(batch.column("task_kind"), value_set=pa.array(wanted, pa.string()))
                 keep = k if keep is None else pc.and_(keep, k)
             if keep is not None:
                 batch = batch.filter(keep)
@@ -1003,20 +1006,6 @@ def load_set(
     del batches, pf  # their buffers go back before the pool is trimmed
     pool.release_unused()
     return out
-
-
-def pa_array(values: list[str]) -> Any:
-    """A pyarrow string array (for ``is_in`` filters)."""
-    import pyarrow as pa
-
-    return pa.array(values, type=pa.string())
-
-
-def pa_pool() -> Any:
-    """Arrow's default memory pool."""
-    import pyarrow as pa
-
-    return pa.default_memory_pool()
 
 
 def set_failures(path: str | Path) -> pd.DataFrame:
