@@ -479,10 +479,7 @@ class TransformersBackend:
             )
         if watch:
             watched = recorder.watched_logprobs()
-            for b, chat in enumerate(batch):
-                mask = chat.meta.get("logits_mask")
-                if getattr(mask, "repair", None) is not None:
-                    gens[b] = self._repaired(chat, gens[b], watched[b], watch, seed)
+            gens = self._repaired(batch, gens, watched, watch, temperature, seed)
         return gens
 
     def _watch_ids(self, batch: Sequence[Chat]) -> dict[str, int]:
@@ -495,20 +492,14 @@ class TransformersBackend:
                     out[s] = mask.tokens.index(s)  # a handful of strings, once per batch
         return out
 
-    def _repaired(
-        self,
-        chat: Chat,
-        gen: Generation,
-        watched: torch.Tensor,
-        watch: dict[str, int],
-        seed: int | None,
-    ) -> Generation:
-        """``gen``, or — when its guide says the grammar forced the answer — the answer the
-        model gives when decoding goes on from the guide's repair point
-        (:meth:`flora.reward.dense.DenseGuide.repair`)."""
-        if gen.error is not None:
-            return gen
-        mask = chat.meta["logits_mask"]
+    def _repair_plan(
+        self, chat: Chat, gen: Generation, watched: torch.Tensor, watch: dict[str, int]
+    ) -> _Repair | None:
+        """How to repair ``gen`` when its guide says the grammar forced the answer
+        (:meth:`flora.reward.dense.DenseGuide.repair`), or ``None`` to keep it."""
+        mask = chat.meta.get("logits_mask")
+        if gen.error is not None or getattr(mask, "repair", None) is None:
+            return None
         starts: dict[int, int] = {}
         pos = 0
         for t, tid in enumerate(gen.token_ids):
@@ -524,31 +515,60 @@ class TransformersBackend:
 
         lead = mask.repair(text, label_logprobs)
         if lead is None:
-            return gen
+            return None
         cut = starts[len(lead) - 1]  # the token whose label the repair replaced
         budget = chat.max_new_tokens - cut - 1
         if budget < 1:
-            return gen
+            return None
         again = dataclasses.replace(
             chat,
             max_new_tokens=budget,
             meta={**chat.meta, "logits_mask": mask.continued(lead), "assistant_prefix": lead},
         )
-        try:
-            (rest,) = self._run_batch([again], budget, again.temperature, seed)
-        except Exception as e:  # noqa: BLE001 - the guided answer stands without the repair
-            log.warning("dense repair of one answer failed (%s); keeping the guided answer", e)
-            return gen
-        if rest.error is not None:
-            return gen
         placed = TokenLogprob(lead[-1], float(label_logprobs(len(lead) - 1)[lead[-1]]), {})
-        head = gen.logprobs[:cut] + [placed] if chat.want_logprobs else []
-        return Generation(
-            text=lead + rest.text,
-            token_ids=gen.token_ids[:cut] + [watch[lead[-1]]] + rest.token_ids,
-            logprobs=head + rest.logprobs if chat.want_logprobs else [],
-            finish_reason=rest.finish_reason,
-            prompt_tokens=gen.prompt_tokens,
+        return _Repair(again, lead, cut, watch[lead[-1]], placed)
+
+    def _repaired(
+        self,
+        batch: Sequence[Chat],
+        gens: list[Generation],
+        watched: torch.Tensor,
+        watch: dict[str, int],
+        temperature: float,
+        seed: int | None,
+    ) -> list[Generation]:
+        """``gens`` with every answer its guide says the grammar forced replaced by the
+        answer the model gives when decoding goes on from the guide's repair point. All the
+        continuations of a batch are decoded together, in one generate call."""
+        plans = {b: self._repair_plan(c, gens[b], watched[b], watch) for b, c in enumerate(batch)}
+        plans = {b: p for b, p in plans.items() if p is not None}
+        if not plans:
+            return gens
+        budget = max(p.again.max_new_tokens for p in plans.values())
+        try:
+            rests = self._run_batch([p.again for p in plans.values()], budget, temperature, seed)
+        except Exception as e:  # noqa: BLE001 - the guided answers stand without the repair
+            log.warning("dense repair of %d answers failed (%s); keeping the guided answers",
+                        len(plans), e)  # fmt: skip
+            return gens
+        out = list(gens)
+        for (b, plan), rest in zip(plans.items(), rests, strict=True):
+            if rest.error is None:
+                out[b] = plan.apply(gens[b], self._trimmed(rest, plan.again.max_new_tokens))
+        return out
+
+    def _trimmed(self, gen: Generation, max_new: int) -> Generation:
+        """``gen`` cut to ``max_new`` tokens: a row decoded in a batch with a larger budget
+        (a greedy row then equals the row decoded alone with its own budget)."""
+        if len(gen.token_ids) <= max_new:
+            return gen
+        ids = gen.token_ids[:max_new]
+        return dataclasses.replace(
+            gen,
+            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            token_ids=ids,
+            logprobs=gen.logprobs[:max_new],
+            finish_reason="length",
         )
 
     def _tok_str(self, tid: int) -> str:
@@ -567,6 +587,30 @@ class TransformersBackend:
             "model_type": getattr(self.model.config, "model_type", ""),
             "pid": os.getpid(),
         }
+
+
+@dataclass
+class _Repair:
+    """A forced answer's repair: the continuation to decode (``again``: prompt plus
+    ``lead``, the answer up to and including the repaired label) and how to join it."""
+
+    again: Chat
+    lead: str
+    cut: int  # tokens of the first answer kept before the repaired label
+    label_id: int
+    placed: TokenLogprob  # the repaired label with its raw log-prob
+
+    def apply(self, gen: Generation, rest: Generation) -> Generation:
+        """The first answer's head, the repaired label, then the continuation."""
+        keep = self.again.want_logprobs
+        head = gen.logprobs[: self.cut] + [self.placed] if keep else []
+        return Generation(
+            text=self.lead + rest.text,
+            token_ids=gen.token_ids[: self.cut] + [self.label_id] + rest.token_ids,
+            logprobs=head + rest.logprobs if keep else [],
+            finish_reason=rest.finish_reason,
+            prompt_tokens=gen.prompt_tokens,
+        )
 
 
 class _StopRows:

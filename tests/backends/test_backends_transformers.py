@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -344,7 +345,7 @@ def test_a_forced_dense_label_is_decoded_again_from_the_cheapest_group(tiny_mode
     watched[starts[at30], col["1"]] = -1.0  # and finds a failure least unlikely at group 30
     first = Generation(text=text, token_ids=ids, prompt_tokens=7,
                        logprobs=[TokenLogprob(mask.tokens[i], -0.1, {}) for i in ids])  # fmt: skip
-    out = backend._repaired(chat, first, watched, watch, seed=0)
+    (out,) = backend._repaired([chat], [first], watched[None], watch, 0.0, seed=0)
     lead = text[:at30] + "1"
     assert out is not first and out.text.startswith(lead), out.text[:80]
     assert DenseGuide().extendable(out.text), out.text
@@ -356,4 +357,22 @@ def test_a_forced_dense_label_is_decoded_again_from_the_cheapest_group(tiny_mode
         assert isinstance(parsed, DenseOutput) and parsed.labels[29] == 1, out.text
     # The model chose the level at group 32 itself: nothing is decoded again.
     watched[starts[at32], col["1"]] = -0.01
-    assert backend._repaired(chat, first, watched, watch, seed=0) is first
+    (kept,) = backend._repaired([chat], [first], watched[None], watch, 0.0, seed=0)
+    assert kept is first
+
+    # Several forced answers of one batch are continued together, each as it would be alone.
+    watched[starts[at32], col["1"]] = -8.0
+    other = watched.clone()
+    other[starts[at30], col["1"]] = -8.0
+    other[starts[text.index("\n12: ") + 5], col["1"]] = -0.5  # cheapest at group 12
+    short = dataclasses.replace(chat, max_new_tokens=starts[at30] + 6)  # a tight budget
+    cases = [(chat, watched), (chat, other), (short, watched)]
+    stacked = torch.stack([w for _, w in cases])
+    together = backend._repaired([c for c, _ in cases], [first] * 3, stacked, watch, 0.0, seed=0)
+    for (c, w), got in zip(cases, together, strict=True):
+        (alone,) = backend._repaired([c], [first], w[None], watch, 0.0, seed=0)
+        assert got.token_ids == alone.token_ids and got.text == alone.text
+        assert got.finish_reason == alone.finish_reason
+    assert together[1].text.startswith(text[: text.index("\n12: ") + 5] + "1")
+    assert len(together[2].token_ids) <= short.max_new_tokens
+    assert together[2].finish_reason == "length"
