@@ -40,6 +40,7 @@ Why not TRL's ``GRPOTrainer``: see ``docs/training.md`` (GRPO section).
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import random
@@ -882,7 +883,8 @@ def train_grpo(
     replace :class:`GRPOConfig` fields (tests, CLI). The engine is the SFT trainer's:
     its ZeRO config (:func:`training.sft.deepspeed_config`) in unmanaged gradient
     accumulation (``step()`` is the boundary), so a step may backpropagate any number of
-    groups. Writes ``output_dir/model`` (same export format as SFT) and logs a
+    groups. Writes ``output_dir/model`` (same export format as SFT) and
+    ``output_dir/history.json`` (the per-step metrics, KL included), and logs a
     ``grpo-<model>`` run in ``flora-train-<model>``.
     """
     from tqdm.auto import tqdm
@@ -987,6 +989,8 @@ def train_grpo(
         bar.close()
         final = out / "model"
         _export(engine, recipe, base_dir, base_id, final, rank, Path(set_path), start)
+        if rank == 0:  # per-step metrics beside the model, whether MLflow logs them or not
+            (out / "history.json").write_text(json.dumps(history, indent=1) + "\n")
         _barrier()
         result = GRPOResult(recipe.model, out, final, cfg.max_steps, history)
         mlf.finish(result, register)
