@@ -884,7 +884,7 @@ def train_grpo(
     its ZeRO config (:func:`training.sft.deepspeed_config`) in unmanaged gradient
     accumulation (``step()`` is the boundary), so a step may backpropagate any number of
     groups. Writes ``output_dir/model`` (same export format as SFT) and
-    ``output_dir/history.json`` (the per-step metrics, KL included), and logs a
+    ``output_dir/log/history.json`` (the per-step metrics, KL included), and logs a
     ``grpo-<model>`` run in ``flora-train-<model>``.
     """
     from tqdm.auto import tqdm
@@ -912,6 +912,7 @@ def train_grpo(
     from training.sft import check_model_out
 
     check_model_out(out / "model")  # refuse a foreign folder before any rollout, not after
+    check_log_out(out / "log")
     rank, world = init_distributed(local_rank)
     torch.manual_seed(cfg.seed + rank)
     np.random.seed(cfg.seed)
@@ -990,7 +991,7 @@ def train_grpo(
         final = out / "model"
         _export(engine, recipe, base_dir, base_id, final, rank, Path(set_path), start)
         if rank == 0:  # per-step metrics beside the model, whether MLflow logs them or not
-            (out / "history.json").write_text(json.dumps(history, indent=1) + "\n")
+            write_history(out / "log", history)
         _barrier()
         result = GRPOResult(recipe.model, out, final, cfg.max_steps, history)
         mlf.finish(result, register)
@@ -999,6 +1000,27 @@ def train_grpo(
         bar.close()
         mlf.fail()
         raise
+
+
+LOG_KIND = "grpo-log"
+
+
+def check_log_out(path: str | Path) -> None:
+    """Refuse (:class:`flora.safety.OutputDirError`) a ``log`` folder Flora did not write."""
+    from flora.safety import ensure_own_output_dir
+
+    ensure_own_output_dir(path, LOG_KIND, hint="delete it yourself if it is disposable")
+
+
+def write_history(path: str | Path, history: Sequence[dict[str, float]]) -> Path:
+    """Write a run's per-step metrics to ``path/history.json`` (a folder Flora owns; an
+    earlier run's log is replaced, anything else refused)."""
+    from flora.safety import prepare_output_dir
+
+    log_dir = prepare_output_dir(path, LOG_KIND, hint="delete it yourself if it is disposable")
+    dst = log_dir / "history.json"
+    dst.write_text(json.dumps(list(history), indent=1) + "\n")
+    return dst
 
 
 def check_guided_prompts(prompts: Sequence[GRPOPrompt], set_path: str | Path) -> None:

@@ -92,7 +92,7 @@ def test_dag_run_trains_registers_and_promotes(airflow_home, tiny_dataset, one_t
         assert mv.tags.get(k), k
     assert client.get_run(mv.tags["flora.training_run_id"]).data.tags["flora.stage"] == "grpo"
     grpo_out = tis["captioner.grpo"].xcom_pull(task_ids="captioner.grpo")
-    history = json.loads((Path(grpo_out["model_dir"]).parent / "history.json").read_text())
+    history = json.loads((Path(grpo_out["model_dir"]).parent / "log" / "history.json").read_text())
     assert [h["step"] for h in history] == [1] and math.isfinite(history[0]["grpo.kl"])
 
     prepared = tis["prepare"].xcom_pull(task_ids="prepare")

@@ -168,3 +168,22 @@ def test_train_grpo_refuses_a_users_folder_before_any_rollout(tmp_path):
         train_grpo("captioner-tiny", tmp_path / "no-sft", tmp_path / "no-set", out,
                    log_mlflow=False, progress=False)  # fmt: skip
     assert _tree(out) == {f"model/{k}": v for k, v in files.items()}
+
+
+def test_train_grpo_refuses_a_users_log_folder_and_replaces_its_own(tmp_path):
+    from training.grpo import train_grpo, write_history
+
+    out = tmp_path / "grpo"
+    files = _user_data(out / "log")
+    with pytest.raises(OutputDirError, match=f"{out / 'log'} is not empty"):
+        train_grpo("captioner-tiny", tmp_path / "no-sft", tmp_path / "no-set", out,
+                   log_mlflow=False, progress=False)  # fmt: skip
+    assert _tree(out) == {f"log/{k}": v for k, v in files.items()}
+    with pytest.raises(OutputDirError):
+        write_history(out / "log", [{"step": 1}])
+    assert _tree(out) == {f"log/{k}": v for k, v in files.items()}
+
+    mine = tmp_path / "mine" / "log"
+    write_history(mine, [{"step": 1, "grpo.kl": 0.5}])
+    dst = write_history(mine, [{"step": 2, "grpo.kl": 0.25}])  # a rerun replaces its own
+    assert json.loads(dst.read_text()) == [{"step": 2, "grpo.kl": 0.25}]
