@@ -158,30 +158,27 @@ def test_export_replaces_only_an_earlier_model(tmp_path, monkeypatch):
     assert sorted(p.name for p in dst.parent.iterdir()) == ["model"]
 
 
-def test_train_grpo_refuses_a_users_folder_before_any_rollout(tmp_path):
+@pytest.mark.parametrize("sub", ["model", "log"])
+def test_train_grpo_refuses_a_users_folder_before_any_rollout(tmp_path, sub):
     from training.grpo import train_grpo
 
     out = tmp_path / "grpo"
-    files = _user_data(out / "model")
+    files = _user_data(out / sub)
     # The SFT model and the set do not exist: the refusal must come before they are read.
-    with pytest.raises(OutputDirError, match=f"{out / 'model'} is not empty"):
+    with pytest.raises(OutputDirError, match=f"{out / sub} is not empty"):
         train_grpo("captioner-tiny", tmp_path / "no-sft", tmp_path / "no-set", out,
                    log_mlflow=False, progress=False)  # fmt: skip
-    assert _tree(out) == {f"model/{k}": v for k, v in files.items()}
+    assert _tree(out) == {f"{sub}/{k}": v for k, v in files.items()}
 
 
-def test_train_grpo_refuses_a_users_log_folder_and_replaces_its_own(tmp_path):
-    from training.grpo import train_grpo, write_history
+def test_grpo_history_replaces_its_own_log_and_never_a_users(tmp_path):
+    from training.grpo import write_history
 
-    out = tmp_path / "grpo"
-    files = _user_data(out / "log")
-    with pytest.raises(OutputDirError, match=f"{out / 'log'} is not empty"):
-        train_grpo("captioner-tiny", tmp_path / "no-sft", tmp_path / "no-set", out,
-                   log_mlflow=False, progress=False)  # fmt: skip
-    assert _tree(out) == {f"log/{k}": v for k, v in files.items()}
+    theirs = tmp_path / "grpo" / "log"
+    files = _user_data(theirs)
     with pytest.raises(OutputDirError):
-        write_history(out / "log", [{"step": 1}])
-    assert _tree(out) == {f"log/{k}": v for k, v in files.items()}
+        write_history(theirs, [{"step": 1}])
+    assert _tree(theirs) == files
 
     mine = tmp_path / "mine" / "log"
     write_history(mine, [{"step": 1, "grpo.kl": 0.5}])
