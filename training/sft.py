@@ -909,7 +909,7 @@ def _export(
             "git_commit": _git_commit(),
         }
         if init is not None:
-            man["init_from"] = {**init.lineage(), **_ancestor_episodes(init.root)}
+            man["init_from"] = {**init.lineage(), **init.ancestry}
         man["files"] = {
             p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }
@@ -933,6 +933,10 @@ class InitWeights:
     sha256: str  # of its model.safetensors / adapter_model.safetensors
     source_git_commit: str
     kind: str = "full"  # "lora": the adapter continues training over the recipe's base
+    # {"train_episodes": [...]} of this export's whole lineage, read when the weights were
+    # resolved (the start of training), so the next export records it even if this folder
+    # is gone by then; {} when that lineage is unknown.
+    ancestry: dict[str, list[str]] = field(default_factory=dict)
 
     def lineage(self) -> dict[str, str]:
         return {"path": str(self.root), "sha256": self.sha256,
@@ -1002,13 +1006,15 @@ def read_model_manifest(path: str | Path) -> dict[str, Any]:
 
 def export_weights(path: str | Path, manifest: dict[str, Any]) -> InitWeights:
     """The weights of a verified export (``manifest``: its ``flora_model.json``), as the
-    lineage a model trained from them records (``init_from``)."""
+    lineage a model trained from them records (``init_from``), its ancestors' training
+    episodes read now."""
     p = Path(path).resolve()
     kind = str(manifest.get("kind"))
     sub, weights = ("model", "model.safetensors") if kind == "full" else (
         "adapter", "adapter_model.safetensors")  # fmt: skip
     digest = manifest["files"].get(f"{sub}/{weights}", "")  # verified: files is a dict
-    return InitWeights(p, p / sub, digest, str(manifest.get("git_commit", "")), kind)
+    return InitWeights(p, p / sub, digest, str(manifest.get("git_commit", "")), kind,
+                       _ancestor_episodes(p))  # fmt: skip
 
 
 def _check_adapter_shape(adapter: Path, recipe: Recipe, where: str) -> None:

@@ -102,18 +102,20 @@ def test_eval_model_refuses_a_model_whose_lineage_is_lost(tmp_path, capsys):
 
 
 def test_an_export_carries_its_ancestors_episodes_so_they_need_not_be_on_disk(tmp_path):
-    from training.sft import _ancestor_episodes
+    from training.sft import _ancestor_episodes, export_weights, read_model_manifest
 
     first = _export(tmp_path / "first", ["toy_120_1/000001", "toy_120_1/000004"])
     second = _export(tmp_path / "second", ["toy_240_1/000007"], init_from=first)
-    recorded = _ancestor_episodes(second)  # what a model trained from `second` writes
-    assert recorded == {"train_episodes": sorted(trained_episodes(second))}
+    start = export_weights(second, read_model_manifest(second))  # read when training starts
+    shutil.rmtree(first)
+    shutil.rmtree(second)  # gone during training, or another machine: no ancestor on disk
+    # What a model trained from `second` writes into its init_from (training.sft._export).
+    assert start.ancestry == {"train_episodes": sorted({"toy_120_1/000001", "toy_120_1/000004",
+                                                         "toy_240_1/000007"})}  # fmt: skip
     third = _export(tmp_path / "third", ["toy_240_1/000008"], init_from=second)
     man = json.loads((third / "flora_model.json").read_text())
-    man["init_from"].update(recorded)
+    man["init_from"].update({**start.lineage(), **start.ancestry})
     (third / "flora_model.json").write_text(json.dumps(man))
-    shutil.rmtree(first)
-    shutil.rmtree(second)  # another machine: no ancestor on disk, the lineage still known
     assert trained_episodes(third) == {
         "toy_120_1/000001",
         "toy_120_1/000004",

@@ -109,6 +109,10 @@ def test_a_lora_recipe_continues_an_exported_adapter(seg_export, tiny_base, seg_
     src = json.loads((seg_export / "flora_model.json").read_text())
     assert man["kind"] == "lora"
     assert man["init_from"]["sha256"] == src["files"]["adapter/adapter_model.safetensors"]
+    # The start's whole lineage, read when training began, is written into the export.
+    from training.lineage import trained_episodes
+
+    assert man["init_from"]["train_episodes"] == sorted(trained_episodes(seg_export))
 
 
 def test_an_adapter_of_another_kind_or_shape_is_refused(
