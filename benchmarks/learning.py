@@ -243,6 +243,7 @@ def _guided_set(
 def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -> dict[str, Any]:
     from training.evaluate import backend_for, generate_outputs, heldout_examples, score_outputs
     from training.grpo import prompts_from_examples, train_grpo
+    from training.grpo_probe import probe_episode_ids
     from training.recipe import load_recipe
     from training.rewards import make_judge
     from training.sets import build_sft_set, load_set
@@ -262,8 +263,11 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
                       progress=False)  # fmt: skip
     train = [e for e in load_set(set_dir, split="train") if e.model == model]
     seen = seen_by_init(model, args, dataset)
-    held = heldout_examples(model, set_dir, limit=args.eval_episodes, exclude=seen)
     all_held = {e.episode_id for e in load_set(set_dir, split="heldout") if e.model == model}
+    # GRPO's held-out probe chooses the exported state on these: no variant is scored on them.
+    probing = bool(args.grpo_steps and recipe.grpo is not None and recipe.grpo.probe_every)
+    probe_eps = set(probe_episode_ids(all_held, recipe.grpo.probe_episodes)) if probing else set()
+    held = heldout_examples(model, set_dir, limit=args.eval_episodes, exclude=seen | probe_eps)
     dropped = len(all_held & seen)
     if dropped:
         _log(f"{model}: {dropped} held-out episodes the --init-from model trained on: not scored")
@@ -273,6 +277,7 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
                            "heldout_examples": len(held),
                            "heldout_episodes": len({e.episode_id for e in held}),
                            "excluded_seen_by_init": dropped,
+                           "excluded_grpo_probe": sorted(probe_eps),
                            "variants": {}}  # fmt: skip
 
     def ev(name: str, outputs_fn) -> None:

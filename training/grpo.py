@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from flora.backends.base import VLMBackend, VLMRequest, VLMResponse
+from training.grpo_probe import BestState, ProbeResult, probe_episode_ids, probe_policy
 from training.rewards import Reward, caption_rewards, segment_rewards
 
 log = logging.getLogger(__name__)
@@ -336,7 +337,9 @@ class LivePolicyBackend:
         was_training = model.training
         model.eval()
         try:
-            if self._gen is not None:
+            # Only a sampling call draws from the stream: a greedy probe between steps
+            # leaves the rollouts of a run as they would be without it.
+            if self._gen is not None and any(r.temperature > 0 for r in requests):
                 torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=self._gen)))
             return self._inner.generate(requests)
         finally:
@@ -503,6 +506,11 @@ class GRPOConfig:
     guided_kl: str = "masked"
     # Guided rollouts: the share of each group sampled under the guide (the rest free)
     guided_share: float = 1.0
+    # Held-out probe keeping the best state (training/grpo_probe.py); 0 = no probe
+    probe_every: int = 0
+    probe_episodes: int = 3
+    probe_patience: int = 0
+    probe_decoding: str = "free"
     inner_steps: int = 1  # updates per rollout batch (μ); >1 makes the clip bite
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -531,6 +539,10 @@ class GRPOConfig:
             "guided": g.guided,
             "guided_kl": g.guided_kl,
             "guided_share": g.guided_share,
+            "probe_every": g.probe_every,
+            "probe_episodes": g.probe_episodes,
+            "probe_patience": g.probe_patience,
+            "probe_decoding": g.probe_decoding,
             "max_grad_norm": getattr(recipe, "max_grad_norm", 1.0),
             "seed": getattr(recipe, "seed", 0),
             "zero_stage": getattr(recipe, "zero_stage", 2),
@@ -555,6 +567,16 @@ class GRPOConfig:
             raise ValueError(f"guided_share must be in (0, 1], got {self.guided_share}")
         if self.guided_kl not in ("masked", "unmasked"):
             raise ValueError(f"guided_kl must be 'masked' or 'unmasked', got {self.guided_kl!r}")
+        if self.probe_every < 0 or self.probe_episodes < 1 or self.probe_patience < 0:
+            raise ValueError("probe_every and probe_patience must be >= 0, probe_episodes >= 1")
+        if self.probe_decoding not in ("free", "guided"):
+            raise ValueError(
+                f"probe_decoding must be 'free' or 'guided', got {self.probe_decoding!r}"
+            )
+        if self.probe_every and self.probe_decoding == "guided" and not self.guided:
+            raise ValueError("probe_decoding 'guided' needs guided rollouts (grpo.guided)")
+        if self.probe_every and self.zero_stage == 3:
+            raise ValueError("the GRPO probe keeps whole parameters: it needs ZeRO-2, not ZeRO-3")
 
 
 # --------------------------------------------------------------------------- one step
@@ -787,6 +809,10 @@ class GRPOResult:
     run_id: str | None = None
     model_uri: str | None = None
     registered_version: str | None = None
+    # With a held-out probe: the step whose state was exported (0 = the SFT start) and
+    # whether patience ended the run before max_steps.
+    kept_step: int | None = None
+    stopped_early: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -885,7 +911,9 @@ def train_grpo(
     accumulation (``step()`` is the boundary), so a step may backpropagate any number of
     groups. Writes ``output_dir/model`` (same export format as SFT) and
     ``output_dir/log/history.json`` (the per-step metrics, KL included), and logs a
-    ``grpo-<model>`` run in ``flora-train-<model>``.
+    ``grpo-<model>`` run in ``flora-train-<model>``. With ``probe_every`` the policy is
+    scored on held-out episodes at the start and every ``probe_every`` steps, and the best
+    state is exported (:mod:`training.grpo_probe`).
     """
     from tqdm.auto import tqdm
 
@@ -965,6 +993,19 @@ def train_grpo(
         engine.step()
 
     masks = guide_masks(backend, processor) if cfg.guided else None
+    probe = _probe_prompts(set_path, recipe.model, cfg) if cfg.probe_every else None
+    best = BestState(engine.module) if probe is not None else None
+
+    def run_probe(step: int) -> ProbeResult:
+        assert probe is not None and best is not None
+        res = probe_policy(step, backend, probe[1][rank::world],
+                           max_new_tokens=cfg.max_new_tokens,
+                           guided=cfg.probe_decoding == "guided", judge=judge,
+                           all_sum=_all_sum)  # fmt: skip
+        best.offer(res)
+        mlf.log_metrics(step, res.metrics())
+        return res
+
     mlf = _GRPOLog(recipe, cfg, set_path, sft_model_dir, base_id, rank, log_mlflow)
     history: list[dict[str, float]] = []
     rng = random.Random(cfg.seed)
@@ -972,6 +1013,9 @@ def train_grpo(
                disable=not progress or rank != 0)  # fmt: skip
     try:
         mlf.start(_git_commit())
+        step, stopped_early = 0, False
+        if best is not None:  # the start competes too: GRPO never exports a worse probe
+            history.append({"step": 0, **run_probe(0).metrics()})
         for step in range(1, cfg.max_steps + 1):
             picked = [rng.randrange(len(prompts)) for _ in range(cfg.prompts_per_step * world)]
             mine = [prompts[i] for i in picked[rank::world]]
@@ -986,14 +1030,32 @@ def train_grpo(
             post = {"reward": f"{stats.reward_mean:.3f}", "parse": f"{stats.parse_rate:.2f}"}
             if not math.isnan(stats.free_parse_rate):  # mixed groups: the free half's parse
                 post["free_parse"] = f"{stats.free_parse_rate:.2f}"
+            if best is not None and (step % cfg.probe_every == 0 or step == cfg.max_steps):
+                history[-1].update(run_probe(step).metrics())
+                assert best.best is not None
+                post["probe"] = f"{history[-1]['grpo.probe_reward']:.3f}"
+                if cfg.probe_patience and best.since_best >= cfg.probe_patience:
+                    stopped_early = True
             bar.set_postfix(post)
+            if stopped_early:
+                break
         bar.close()
         final = out / "model"
-        _export(engine, recipe, base_dir, base_id, final, rank, Path(set_path), start)
+        selected_on = None
+        if best is not None and best.best is not None:
+            if best.best.step != step:
+                best.restore()
+            selected_on = {"episodes": probe[0], "kept_step": best.best.step,  # type: ignore[index]
+                           "metric": f"grpo.probe_reward ({cfg.probe_decoding})",
+                           "value": best.best.reward}  # fmt: skip
+        _export(engine, recipe, base_dir, base_id, final, rank, Path(set_path), start,
+                selected_on=selected_on)  # fmt: skip
         if rank == 0:  # per-step metrics beside the model, whether MLflow logs them or not
             write_history(out / "log", history)
         _barrier()
-        result = GRPOResult(recipe.model, out, final, cfg.max_steps, history)
+        result = GRPOResult(recipe.model, out, final, step, history,
+                            kept_step=selected_on["kept_step"] if selected_on else None,
+                            stopped_early=stopped_early)  # fmt: skip
         mlf.finish(result, register)
         return result
     except BaseException:
@@ -1021,6 +1083,24 @@ def write_history(path: str | Path, history: Sequence[dict[str, float]]) -> Path
     dst = log_dir / "history.json"
     dst.write_text(json.dumps(list(history), indent=1) + "\n")
     return dst
+
+
+def _probe_prompts(set_path: str | Path, model: str, cfg: GRPOConfig
+                   ) -> tuple[list[str], list[GRPOPrompt]]:  # fmt: skip
+    """The probe's episodes and prompts: every held-out ``model`` example of the last
+    ``cfg.probe_episodes`` held-out episodes (:func:`training.grpo_probe.probe_episode_ids`)."""
+    from training.sets import load_set
+
+    held = [e for e in load_set(set_path, split="heldout") if e.model == model]
+    if not held:
+        raise ValueError(
+            f"set {set_path}: grpo.probe_every needs held-out {model} examples, it has none"
+        )
+    ids = probe_episode_ids([e.episode_id for e in held], cfg.probe_episodes)
+    prompts = prompts_from_examples([e for e in held if e.episode_id in ids])
+    if cfg.probe_decoding == "guided":
+        check_guided_prompts(prompts, set_path)
+    return ids, prompts
 
 
 def check_guided_prompts(prompts: Sequence[GRPOPrompt], set_path: str | Path) -> None:
@@ -1121,12 +1201,14 @@ class _GRPOLog:
         mlflow.log_params({f"grpo_run.{k}": v for k, v in asdict(self.cfg).items()})
 
     def log_step(self, step: int, stats: StepStats) -> None:
+        self.log_metrics(step, stats.metrics())
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         if not self.on:
             return
         import mlflow
 
-        m = {k: v for k, v in stats.metrics().items() if math.isfinite(v)}
-        mlflow.log_metrics(m, step=step)
+        mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
 
     def finish(self, result: GRPOResult, register: bool) -> None:
         result.run_id = self.run_id

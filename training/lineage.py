@@ -22,7 +22,8 @@ _TOY = re.compile(r"\Atoy_\d+_(\d+)(_quick)?/(\d+)\Z")
 
 
 def trained_episodes(model_dir: str | Path) -> set[str]:
-    """Every episode id a Flora export learnt from: its set's train split and, through the
+    """Every episode id a Flora export learnt from: its set's train split, the held-out
+    episodes that selected its state (``selected_on``, GRPO's probe) and, through the
     ``init_from`` it records, the train splits of every model it was continued from —
     as written into the export when it was trained (``init_from.train_episodes``), else
     by following the ancestor's path (exports written before that field).
@@ -36,7 +37,8 @@ def trained_episodes(model_dir: str | Path) -> set[str]:
     train = (man.get("set_manifest") or {}).get("episodes", {}).get("train")
     if train is None:
         raise TrainingError(f"{path}: its set manifest records no training episodes")
-    ids = set(train)
+    # Episodes that chose the exported state (GRPO's held-out probe) count as seen.
+    ids = set(train) | set((man.get("selected_on") or {}).get("episodes") or [])
     init = man.get("init_from") or {}
     if init.get("train_episodes") is not None:  # recorded at export: no ancestor needed
         return ids | set(init["train_episodes"])

@@ -223,7 +223,8 @@ def grpo(
         res = train_grpo(r, sft_out["model_dir"], set_path, out, max_steps=max_steps or None,
                          log_mlflow=True, register=False, progress=False)  # fmt: skip
         last = res.history[-1] if res.history else {}
-        _put(rec, params={"max_steps": res.steps},
+        kept = {} if res.kept_step is None else {"kept_step": res.kept_step}
+        _put(rec, params={"max_steps": res.steps, **kept},
              tags={"flora.training_run_id": res.run_id or ""},
              metrics={f"grpo.{k}": v for k, v in last.items()
                       if isinstance(v, int | float) and k != "step"})  # fmt: skip

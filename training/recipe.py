@@ -75,6 +75,15 @@ class GRPORecipe(_Strict):
     # With guided rollouts, the share of each group sampled under the guide; the rest decode
     # freely (an unparseable one scores 0 against its guided siblings: free decoding learns).
     guided_share: float = Field(1.0, gt=0.0, le=1.0)
+    # Held-out probe (training/grpo_probe.py): every probe_every steps (0: never) the policy
+    # answers the windows/events of the last probe_episodes held-out episodes greedily;
+    # the state with the best mean reward is exported (the start included), and the run
+    # stops after probe_patience probes without a gain (0: never). probe_decoding: free, or
+    # under the grammar guide (needs guided rollouts).
+    probe_every: int = Field(0, ge=0)
+    probe_episodes: int = Field(3, ge=1)
+    probe_patience: int = Field(0, ge=0)
+    probe_decoding: Literal["free", "guided"] = "free"
 
 
 class Recipe(_Strict):

@@ -872,8 +872,13 @@ def _export(
     rank: int,
     set_path: Path,
     init: InitWeights | None = None,
+    *,
+    selected_on: dict[str, Any] | None = None,
 ) -> None:
-    """Write the model (adapter + base, or full weights + processor) to ``dst`` atomically."""
+    """Write the model (adapter + base, or full weights + processor) to ``dst`` atomically.
+
+    ``selected_on``: the held-out episodes that chose this state (GRPO's probe), recorded so
+    that evaluation leaves them out (:func:`training.lineage.trained_episodes`)."""
     module = engine.module
     state = None
     if recipe.zero_stage == 3:
@@ -910,6 +915,8 @@ def _export(
         }
         if init is not None:
             man["init_from"] = {**init.lineage(), **init.ancestry}
+        if selected_on is not None:
+            man["selected_on"] = selected_on
         man["files"] = {
             p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }

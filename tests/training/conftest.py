@@ -47,3 +47,14 @@ def seg_set(tiny_dataset, tmp_path_factory) -> Path:
         max_episodes=2,
         progress=False,
     )
+
+
+@pytest.fixture(scope="module")
+def seg_export(tiny_base, seg_set, tmp_path_factory) -> Path:
+    """A tiny LoRA segmenter exported after 2 steps at a high rate (its lora_B is not 0)."""
+    from tests.training.helpers import tiny_recipe
+    from training.sft import train_sft
+
+    r = tiny_recipe("segmenter", tiny_base, max_steps=2, eval_every=100, lr=5e-2)
+    out = tmp_path_factory.mktemp("seg")
+    return train_sft(r, seg_set, out, log_mlflow=False, progress=False).model_dir

@@ -82,14 +82,6 @@ def test_init_from_is_refused_with_the_reason(released, tiny_base, mini_set, tmp
     assert "trained over base" in refused(released, base=other)
 
 
-@pytest.fixture(scope="module")
-def seg_export(tiny_base, seg_set, tmp_path_factory):
-    """A tiny LoRA segmenter exported after 2 steps at a high rate (its lora_B is not 0)."""
-    r = tiny_recipe("segmenter", tiny_base, max_steps=2, eval_every=100, lr=5e-2)
-    out = tmp_path_factory.mktemp("seg")
-    return train_sft(r, seg_set, out, log_mlflow=False, progress=False).model_dir
-
-
 def _adapter(model_dir):
     return load_file(str(model_dir / "adapter" / "adapter_model.safetensors"))
 
