@@ -993,7 +993,8 @@ def train_grpo(
         engine.step()
 
     masks = guide_masks(backend, processor) if cfg.guided else None
-    probe = _probe_prompts(set_path, recipe.model, cfg) if cfg.probe_every else None
+    mlf = _GRPOLog(recipe, cfg, set_path, sft_model_dir, base_id, rank, log_mlflow)
+    probe = _probe_prompts(set_path, sft_model_dir, recipe.model, cfg) if cfg.probe_every else None
     best = BestState(engine.module) if probe is not None else None
 
     def run_probe(step: int) -> ProbeResult:
@@ -1006,7 +1007,6 @@ def train_grpo(
         mlf.log_metrics(step, res.metrics())
         return res
 
-    mlf = _GRPOLog(recipe, cfg, set_path, sft_model_dir, base_id, rank, log_mlflow)
     history: list[dict[str, float]] = []
     rng = random.Random(cfg.seed)
     bar = tqdm(total=cfg.max_steps, desc=f"grpo {recipe.model}", unit="step",
@@ -1032,7 +1032,6 @@ def train_grpo(
                 post["free_parse"] = f"{stats.free_parse_rate:.2f}"
             if best is not None and (step % cfg.probe_every == 0 or step == cfg.max_steps):
                 history[-1].update(run_probe(step).metrics())
-                assert best.best is not None
                 post["probe"] = f"{history[-1]['grpo.probe_reward']:.3f}"
                 if cfg.probe_patience and best.since_best >= cfg.probe_patience:
                     stopped_early = True
@@ -1085,17 +1084,18 @@ def write_history(path: str | Path, history: Sequence[dict[str, float]]) -> Path
     return dst
 
 
-def _probe_prompts(set_path: str | Path, model: str, cfg: GRPOConfig
+def _probe_prompts(set_path: str | Path, start: str | Path, model: str, cfg: GRPOConfig
                    ) -> tuple[list[str], list[GRPOPrompt]]:  # fmt: skip
     """The probe's episodes and prompts: every held-out ``model`` example of the last
-    ``cfg.probe_episodes`` held-out episodes (:func:`training.grpo_probe.probe_episode_ids`)."""
-    from training.sets import load_set
+    ``cfg.probe_episodes`` held-out episodes (:func:`training.grpo_probe.probe_episode_ids`)
+    that the starting model's lineage never trained on (a probe on seen episodes would
+    reward memory; when that lineage is unknown, the set's split alone)."""
+    from training.evaluate import unseen_heldout
 
-    held = [e for e in load_set(set_path, split="heldout") if e.model == model]
-    if not held:
-        raise ValueError(
-            f"set {set_path}: grpo.probe_every needs held-out {model} examples, it has none"
-        )
+    try:
+        held = unseen_heldout(model, set_path, start, allow_unknown_lineage=True).examples
+    except ValueError as e:  # none held out, or every one seen by the starting model
+        raise ValueError(f"grpo.probe_every needs unseen held-out episodes: {e}") from None
     ids = probe_episode_ids([e.episode_id for e in held], cfg.probe_episodes)
     prompts = prompts_from_examples([e for e in held if e.episode_id in ids])
     if cfg.probe_decoding == "guided":

@@ -158,6 +158,10 @@ def test_grpo_exports_the_state_its_held_out_probe_chose(seg_export, seg_set, ti
     assert not set(held) & trained_episodes(plain.model_dir)
     with pytest.raises(ValueError, match="trained on every held-out"):
         unseen_heldout("segmenter", seg_set, res.model_dir)
+    # A probe never chooses on what the starting model saw: from this model there is none.
+    with pytest.raises(ValueError, match="needs unseen held-out episodes"):
+        _grpo(res.model_dir, seg_set, tiny_base, tmp_path / "again", Answers(answer),
+              max_steps=1, probe_every=1)  # fmt: skip
 
 
 def test_grpo_probe_patience_ends_the_run(seg_export, seg_set, tiny_base, targets, tmp_path):
