@@ -264,9 +264,11 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     train = [e for e in load_set(set_dir, split="train") if e.model == model]
     seen = seen_by_init(model, args, dataset)
     all_held = {e.episode_id for e in load_set(set_dir, split="heldout") if e.model == model}
-    # GRPO's held-out probe chooses the exported state on these: no variant is scored on them.
+    # GRPO's held-out probe chooses the exported state on these: no variant is scored on
+    # them. The probe picks among episodes the SFT start's lineage never saw (all_held - seen).
     probing = bool(args.grpo_steps and recipe.grpo is not None and recipe.grpo.probe_every)
-    probe_eps = set(probe_episode_ids(all_held, recipe.grpo.probe_episodes)) if probing else set()
+    probe_eps = (set(probe_episode_ids(all_held - seen, recipe.grpo.probe_episodes))
+                 if probing and all_held - seen else set())  # fmt: skip
     held = heldout_examples(model, set_dir, limit=args.eval_episodes, exclude=seen | probe_eps)
     dropped = len(all_held & seen)
     if dropped:
