@@ -8,7 +8,9 @@ no RL for the rewarder), beside simple baselines scored by the *same* code
 * segmenter: the kinematic baseline (:mod:`flora.segment.kinematic`, per window) and
   "one event per core" (one segment spanning each window's core);
 * captioner: the most frequent training caption of the episode's task;
-* rewarder: the training-set mean outcome score and the majority dense label.
+* rewarder: the training-set mean outcome score and the majority dense label; and the
+  outcome read from the prompt alone (the score of the training episode with the same
+  task and nearest length: in the toy world length nearly fixes the outcome).
 
 Metrics with 95 % intervals from a bootstrap over held-out episodes. GRPO is also judged
 on its own prompts: the mean sampled reward (G completions at temperature 1) of the SFT
@@ -91,6 +93,14 @@ def _episode_tasks(dataset: Path) -> dict[str, str]:
     return {ds.episode(i).episode_id: ds.episode(i).task for i in ds.episode_indices()}
 
 
+def _episode_task_lengths(dataset: Path) -> dict[str, tuple[str, int]]:
+    from flora.data.dataset import open_dataset
+
+    ds = open_dataset(dataset)
+    eps = (ds.episode(i) for i in ds.episode_indices())
+    return {e.episode_id: (e.task, e.duration_us) for e in eps}
+
+
 def segmenter_baselines(dataset: Path, held: list) -> dict[str, pd.DataFrame]:
     """Kinematic baseline and one-event-per-core output tables for the held-out windows."""
     from flora.data.dataset import open_dataset
@@ -157,6 +167,24 @@ def rewarder_baseline(train: list, held: list) -> dict[str, pd.DataFrame]:
         elif ex.task_kind == "dense":
             rows.append({"example_id": ex.example_id, "text": dense, "expected_score": math.nan})
     return {"train mean score / majority dense label": pd.DataFrame(rows)}
+
+
+def rewarder_prompt_baseline(dataset: Path, train: list, held: list) -> dict[str, pd.DataFrame]:
+    """Outcome from the prompt alone: the score of the training episode with the same task
+    and the nearest length (both are in the outcome prompt; no frame is looked at)."""
+    meta = _episode_task_lengths(dataset)
+    known = [(meta[ex.episode_id], ex.reference_obj()["score"])
+             for ex in train if ex.task_kind == "outcome"]  # fmt: skip
+    rows = []
+    for ex in held:
+        if ex.task_kind != "outcome":
+            continue
+        task, length = meta[ex.episode_id]
+        pool = [k for k in known if k[0][0] == task] or known
+        score = min(pool, key=lambda k: abs(k[0][1] - length))[1]
+        rows.append({"example_id": ex.example_id, "text": f"score: {score}",
+                     "expected_score": float(score)})  # fmt: skip
+    return {"task and length (nearest training episode)": pd.DataFrame(rows)}
 
 
 # --------------------------------------------------------------------------- GRPO on its prompts
@@ -302,7 +330,9 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         for name, tab in captioner_baseline(dataset, train, held).items():
             ev(name, lambda tab=tab: tab)
     else:
-        for name, tab in rewarder_baseline(train, held).items():
+        tabs = {**rewarder_baseline(train, held),
+                **rewarder_prompt_baseline(dataset, train, held)}  # fmt: skip
+        for name, tab in tabs.items():
             ev(name, lambda tab=tab: tab)
 
     # untrained
