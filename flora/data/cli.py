@@ -58,11 +58,15 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             "", "--durations", help="Comma-separated episode lengths in seconds."
         ),
         cameras: str = typer.Option("top,wrist", "--cameras", help="Subset of top,wrist."),
+        world: int = typer.Option(
+            0, "--world", help="Toy-world rules version (0: the latest; 1: worlds made before 2)."
+        ),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty out."),
         json_out: JsonOpt = None,
     ) -> None:
         """Generate a synthetic toy-world robot dataset with ground truth."""
         from flora.data.synth import generate
+        from flora.data.world import WORLD_VERSION
 
         durs = _floats(durations, "--durations")
         with report_output(json_out) as rep:
@@ -76,6 +80,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
                     image_size=size,
                     wrist_size=wrist_size or None,
                     cameras=tuple(c.strip() for c in cameras.split(",")),
+                    world=world or WORLD_VERSION,
                     overwrite=overwrite,
                 )
             except FileExistsError as e:

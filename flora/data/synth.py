@@ -40,6 +40,8 @@ from flora.data.world import (
     DEFAULT_DURATIONS_S,
     FPS,
     STATE_NAMES,
+    WORLD_VERSION,
+    WORLD_VERSIONS,
     Rollout,
     simulate_episode,
 )
@@ -70,10 +72,12 @@ class SynthConfig:
     gop: int = 10
     crf: int = 23
     episodes_per_file: int = 4
+    world: int = WORLD_VERSION
 
     def to_json(self) -> dict:
         return {
             "generator": "flora.data.synth",
+            "world": self.world,
             "seed": self.seed,
             "fps": FPS,
             "durations_s": list(self.durations_s),
@@ -96,6 +100,7 @@ class SynthConfig:
             int(d["gop"]),
             int(d["crf"]),
             int(d["episodes_per_file"]),
+            int(d.get("world", 1)),  # metadata written before versions: world 1
         )
 
     def size_of(self, cam: str) -> int:
@@ -221,6 +226,7 @@ def generate(
     episodes_per_file: int = 4,
     gop: int = 10,
     crf: int = 23,
+    world: int = WORLD_VERSION,
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
@@ -237,11 +243,15 @@ def generate(
         episodes_per_file: v3.0 only — episodes concatenated per data/video file.
         gop: keyframe interval in frames (each episode also starts on a keyframe).
         crf: x264 quality.
+        world: the toy world's rules version (``flora.data.world.WORLD_VERSION``; 1
+            reproduces worlds generated before versions, e.g. the released models' data).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
+    if world not in WORLD_VERSIONS:
+        raise ValueError(f"unknown toy-world version {world!r}; known: {list(WORLD_VERSIONS)}")
     for c in cameras:
         if c not in CAMERAS:
             raise ValueError(f"unknown camera {c!r}; choose from {sorted(CAMERAS)}")
@@ -257,10 +267,11 @@ def generate(
         int(gop),
         int(crf),
         int(episodes_per_file),
+        int(world),
     )
     out = Path(out_dir)
     _prepare_out(out, overwrite)
-    rolls = {i: simulate_episode(cfg.seed, i, d) for i, d in enumerate(durs)}
+    rolls = {i: simulate_episode(cfg.seed, i, d, cfg.world) for i, d in enumerate(durs)}
     tasks: list[str] = []
     for r in rolls.values():
         if r.plan.task not in tasks:
@@ -323,6 +334,7 @@ def copy_as(src_root: str | Path, out_dir: str | Path, layout: str, **kw) -> Pat
         gop=cfg.gop,
         crf=cfg.crf,
         episodes_per_file=cfg.episodes_per_file,
+        world=cfg.world,
     )
     args.update(kw)
     return generate(out_dir, len(cfg.durations_s), cfg.seed, layout=layout, **args)
@@ -485,5 +497,5 @@ def rerender(root: str | Path, episode_index: int, camera: str, frame_index: int
     for short, (key, role) in CAMERAS.items():
         by_alias.update({short: short, key: short, role: short})
     cam = by_alias[camera]
-    r = simulate_episode(cfg.seed, episode_index, cfg.durations_s[episode_index])
+    r = simulate_episode(cfg.seed, episode_index, cfg.durations_s[episode_index], cfg.world)
     return _render(WorldRenderer(r, cfg.image_size, cfg.wrist_size), cam, frame_index)

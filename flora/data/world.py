@@ -264,6 +264,22 @@ PROFILES: list[tuple[tuple[str, ...], bool]] = [
 # and long-horizon episodes all occur in a default dataset.
 DEFAULT_DURATIONS_S = [8.0, 20.0, 45.0, 180.0, 12.0, 30.0, 90.0, 5.0, 60.0, 25.0, 120.0, 15.0]
 
+# Version of the rules below that turn (seed, index, length) into an episode. 1: the
+# failure profile was PROFILES[index % 6]; with the 12 default lengths cycling too, a
+# length always came with the same profile, so the outcome could be read off the length
+# every outcome prompt states (docs/dataset.md, "World versions"). 2: the profile shifts
+# by one every 12 episodes; episodes 0-11 are unchanged.
+WORLD_VERSION = 2
+WORLD_VERSIONS = (1, 2)
+
+
+def profile_for(index: int, world: int = WORLD_VERSION) -> tuple[tuple[str, ...], bool]:
+    """Failure profile (kinds, last failure unrecovered?) of episode ``index``."""
+    if world not in WORLD_VERSIONS:
+        raise ValueError(f"unknown toy-world version {world!r}; known: {list(WORLD_VERSIONS)}")
+    shift = index // len(DEFAULT_DURATIONS_S) if world >= 2 else 0
+    return PROFILES[(index + shift) % len(PROFILES)]
+
 
 def _family_for(target_s: float, index: int, rng: np.random.Generator) -> str:
     """Task family by length; cycled by episode index so small datasets cover them all."""
@@ -287,10 +303,12 @@ def _nominal_total(steps: list[Step]) -> float:
     return sum(NOMINAL_S[s.kind] + (HESITATION_S if s.fail == "hesitation" else 0) for s in steps)
 
 
-def make_plan(rng: np.random.Generator, index: int, target_s: float) -> Plan:
+def make_plan(
+    rng: np.random.Generator, index: int, target_s: float, world: int = WORLD_VERSION
+) -> Plan:
     """Choose the task, the scene and the primitive steps for one episode."""
     family = _family_for(target_s, index, rng)
-    kinds, unrecovered = PROFILES[index % len(PROFILES)]
+    kinds, unrecovered = profile_for(index, world)
     kinds = list(kinds)
     # Long episodes get extra random failures (roughly one per 40 s).
     extra_pool = ["missed_grasp", "drop", "hesitation", "collision"]
@@ -1028,13 +1046,16 @@ def _drop(ex: _Exec, st: Step, m: int, a: int, counts: dict, rng: np.random.Gene
     )
 
 
-def simulate_episode(seed: int, index: int, duration_s: float) -> Rollout:
-    """Plan and execute one episode deterministically from (seed, index, duration)."""
+def simulate_episode(
+    seed: int, index: int, duration_s: float, world: int = WORLD_VERSION
+) -> Rollout:
+    """Plan and execute one episode deterministically from (seed, index, duration) under
+    the rules of toy-world version ``world``."""
     rng = np.random.default_rng([int(seed), int(index)])
     n = int(round(duration_s * FPS))
     if n < 2 * FPS:
         raise ValueError(f"episode duration {duration_s} s is below the 2 s minimum")
-    plan = make_plan(rng, index, duration_s)
+    plan = make_plan(rng, index, duration_s, world)
     idle = allocate_frames(plan, n, rng)
     return execute(plan, n, idle, rng)
 

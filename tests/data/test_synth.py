@@ -12,12 +12,15 @@ import pytest
 
 from flora.data import open_dataset
 from flora.data.frames import sample_episode_frames
-from flora.data.synth import default_durations, generate
+from flora.data.synth import SynthConfig, default_durations, generate
 from flora.data.world import (
     COLORS,
     DEFAULT_DURATIONS_S,
     FPS,
+    PROFILES,
     US_PER_FRAME,
+    WORLD_VERSION,
+    profile_for,
     simulate_episode,
 )
 from tests.flips import repeated_difference
@@ -127,6 +130,36 @@ def test_generation_is_deterministic(tmp_path):
     assert da[vid] != dc[vid]
     with pytest.raises(FileExistsError):
         generate(a, 1, seed=11, durations_s=[5], progress=False)
+
+
+def test_a_default_length_does_not_fix_the_failure_profile():
+    # World 1 paired each of the 12 cycling lengths with one profile for ever, so the
+    # outcome could be read off the length in the prompt; world 2 gives every length
+    # every profile over six cycles, and keeps the first cycle as it was.
+    n = len(DEFAULT_DURATIONS_S)
+    lengths = default_durations(6 * n)
+    for world, want in ((1, 1), (2, len(PROFILES))):
+        seen: dict[float, set] = {}
+        for i, d in enumerate(lengths):
+            seen.setdefault(d, set()).add(profile_for(i, world))
+        assert {len(v) for v in seen.values()} == {want}, world
+    assert all(profile_for(i, 1) == profile_for(i, 2) == PROFILES[i % 6] for i in range(n))
+    assert profile_for(n, 2) != profile_for(n, 1)
+    fails = [[(s.kind, s.fail) for s in simulate_episode(0, n, 8.0, world=w).plan.steps]
+             for w in (1, 2)]  # fmt: skip
+    assert fails[0] != fails[1]
+
+
+def test_world_version_is_recorded_and_unknown_ones_refused(tmp_path):
+    with pytest.raises(ValueError, match="toy-world version 7"):
+        generate(tmp_path / "w", 1, seed=3, durations_s=[2], world=7, progress=False)
+    assert not (tmp_path / "w").exists()  # refused before anything is written
+    root = generate(tmp_path / "v", 1, seed=3, durations_s=[2], progress=False)
+    meta = json.loads((root / "meta/flora_synth.json").read_text())
+    assert meta["world"] == WORLD_VERSION
+    # Metadata written before versions existed describes world 1.
+    del meta["world"]
+    assert SynthConfig.from_json(meta).world == 1
 
 
 def test_default_lengths_span_short_to_long_horizon():
