@@ -10,7 +10,7 @@ no RL for the rewarder), beside simple baselines scored by the *same* code
 * captioner: the most frequent training caption of the episode's task;
 * rewarder: the training-set mean outcome score and the majority dense label; and the
   outcome read from the prompt alone (the score of the training episode with the same
-  task and nearest length: in the toy world length nearly fixes the outcome).
+  task and nearest length: in toy world 1 the length fixed the outcome, docs/dataset.md).
 
 Metrics with 95 % intervals from a bootstrap over held-out episodes. GRPO is also judged
 on its own prompts: the mean sampled reward (G completions at temperature 1) of the SFT
