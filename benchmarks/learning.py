@@ -751,6 +751,7 @@ def release(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     """Release each full-weight model's SFT export with what this run measured of it."""
     import datetime
 
+    from flora.data.world import WORLD_VERSION
     from training.release import release_model
 
     for res in results:
@@ -761,6 +762,7 @@ def release(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             "trained_by": f"python benchmarks/learning.py {_argv()}",
             "date": args.date or datetime.date.today().isoformat(),
             "data": {"toy_world_seed": args.seed, "episodes": args.episodes,
+                     "toy_world_version": WORLD_VERSION,
                      "heldout_share": args.split, "train_examples": res["train_examples"]},
             "sft": res.get("sft", {}),
             "heldout": {"episodes": res["heldout_episodes"], "items": res["heldout_examples"],
