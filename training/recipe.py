@@ -110,6 +110,11 @@ class Recipe(_Strict):
     lora_rank: int | None = Field(None, ge=1)
     lora_alpha: int | None = Field(None, ge=1)
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    lora_merger: bool = Field(
+        False,
+        description="the LoRA also adapts the vision mergers' linear layers (the encoder stays "
+        "frozen): for a random-initialised base whose merger never learnt (docs/training.md)",
+    )
     lr: float = Field(gt=0.0)
     vision_lr: float | None = Field(None, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
@@ -153,6 +158,8 @@ class Recipe(_Strict):
             raise ValueError("segmenter recipes train a LoRA: set lora_rank (the seed: 32)")
         if self.model != "segmenter" and self.lora_rank is not None:
             raise ValueError(f"{self.model} is fully fine-tuned; lora_rank must be unset")
+        if self.lora_merger and self.lora_rank is None:
+            raise ValueError("lora_merger widens a LoRA: it needs lora_rank (segmenter recipes)")
         if "vision" in self.trainable and self.vision_lr is None:
             raise ValueError("the vision encoder trains at its own lower rate: set vision_lr")
         if self.vision_lr is not None and "vision" not in self.trainable:

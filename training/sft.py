@@ -74,6 +74,9 @@ LORA_TARGETS = (
     r"(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj)"
     r"|linear_attn\.(in_proj_qkvz|in_proj_ba|in_proj_qkv|in_proj_z|in_proj_b|in_proj_a|out_proj))"
 )
+# With a recipe's ``lora_merger``: also the vision mergers' linear layers, which project
+# every visual token into the language model (the vision encoder itself stays frozen).
+LORA_MERGER_TARGETS = r".*visual\.(?:merger|deepstack_merger_list\.\d+)\.linear_fc[12]"
 
 
 class TrainingError(RuntimeError):
@@ -103,6 +106,14 @@ def module_key(name: str) -> str | None:
     return None
 
 
+def lora_targets(recipe: Recipe) -> str:
+    """The LoRA target regex of a recipe: :data:`LORA_TARGETS`, and with ``lora_merger``
+    :data:`LORA_MERGER_TARGETS` too."""
+    if not recipe.lora_merger:
+        return LORA_TARGETS
+    return f"(?:{LORA_TARGETS})|(?:{LORA_MERGER_TARGETS})"
+
+
 def lora_config(recipe: Recipe) -> Any:
     """The peft ``LoraConfig`` of a LoRA recipe (training, and the check of an init adapter)."""
     from peft import LoraConfig
@@ -111,7 +122,7 @@ def lora_config(recipe: Recipe) -> Any:
         r=recipe.lora_rank,
         lora_alpha=recipe.lora_alpha or 2 * recipe.lora_rank,
         lora_dropout=recipe.lora_dropout,
-        target_modules=LORA_TARGETS,
+        target_modules=lora_targets(recipe),
         bias="none",
     )
 
@@ -120,7 +131,8 @@ def apply_trainable(model: Any, recipe: Recipe) -> tuple[Any, list[dict[str, Any
     """Freeze all but the recipe's parts; returns (model, optimizer param groups).
 
     Segmenter: the model wrapped by peft with a rank-``lora_rank`` LoRA on
-    :data:`LORA_TARGETS` (base weights, vision encoder and merger frozen). Others: full
+    :func:`lora_targets` (all base weights frozen, the vision encoder never adapted; the
+    mergers adapted only with ``lora_merger``). Others: full
     weights of the named modules; the vision encoder gets its own group at ``vision_lr``.
     Groups carry a ``name`` (``main`` / ``vision``). A recipe module that matches no
     parameter of this model is a :class:`TrainingError`.

@@ -48,6 +48,11 @@ ATTEMPTS = 2
 MAX_NEW_TOKENS = 24
 
 
+def _refused(error: str | None) -> bool:
+    """A request the server refused with a 500, or whose 500 came after the timeout."""
+    return error is not None and ("HTTP 500" in error or "timeout after" in error)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread() -> Iterator[None]:
     with single_torch_thread():
@@ -130,7 +135,11 @@ def test_segment_step_over_http_with_video_guided_and_faults(
         failed = (key[0], _item(key[1], key[2], w)) in set(failed_items)
         if MARKER in last_req.prompt:
             marker_windows += 1
-            assert failed and all("HTTP 500" in (r.error or "") for _, r in items)
+            # Every attempt failed. Its error is the server's 500, or, when a busy machine
+            # held that 500 past the client's timeout on the last retry, the timeout
+            # (seen once in a suite beside three training jobs). That 500s were sent is
+            # checked on the server's count below.
+            assert failed and all(_refused(r.error) for _, r in items), [r.error for _, r in items]
             continue
         assert all(r.ok for _, r in items), [r.error for _, r in items]
         accepted = isinstance(parse_segments(last.text, w.n_ticks), list)
@@ -146,6 +155,7 @@ def test_segment_step_over_http_with_video_guided_and_faults(
             assert kinds == ["video_url", "text"]
             assert body["structured_outputs"] == {"regex": segments_regex(w.n_ticks)}
     assert marker_windows == 1  # the 6 s episode has one window in one pass
+    assert health["injected_failures"] >= 3  # the two transient 500s and the marker's
     assert health["video_parts"] >= len(rec.calls) - ATTEMPTS  # every unfaulted request
     assert health["guided"] >= len(rec.calls) - ATTEMPTS
 

@@ -50,6 +50,22 @@ def test_segmenter_trains_rank_32_lora_on_the_language_model_only(tiny_base) -> 
     assert not any("visual" in n for n, p in model.named_parameters() if p.requires_grad)
 
 
+def test_segmenter_lora_merger_adapts_the_mergers_and_nothing_else_of_vision(tiny_base) -> None:
+    recipe = tiny_recipe("segmenter", tiny_base, lora_merger=True)
+    model, groups = apply_trainable(_model(tiny_base), recipe)
+    names = trainable_names(model)
+    lm = [n for n in names if ".language_model." in n]
+    vision = sorted(n for n in names if ".visual." in n)
+    assert len(lm) == len(LAYERS) * len(LORA_MODULES) * 2  # the language model as before
+    mergers = sorted({n.split(".visual.")[1].rsplit(".lora_", 1)[0] for n in vision})
+    assert "merger.linear_fc1" in mergers and "merger.linear_fc2" in mergers
+    assert all(m.split(".")[-1] in ("linear_fc1", "linear_fc2") for m in mergers)
+    assert all("merger" in m for m in mergers)  # never an encoder block
+    assert len(vision) == 2 * len(mergers) and all(".lora_" in n for n in vision)
+    assert len(names) == len(lm) + len(vision)  # no base weight trains
+    assert [g["name"] for g in groups] == ["main"]
+
+
 def test_captioner_trains_language_model_and_merger(tiny_base) -> None:
     names = _names(tiny_base)
     model, groups = apply_trainable(_model(tiny_base), tiny_recipe("captioner", tiny_base))
@@ -129,6 +145,15 @@ def test_vision_lr_reaches_the_deepspeed_optimizer(tiny_base, mini_set, tmp_path
         ({"lora_rank": None}, "set lora_rank"),
         (
             {
+                "model": "captioner",
+                "trainable": ["language_model", "merger"],
+                "lora_rank": None,
+                "lora_merger": True,
+            },
+            "lora_merger widens a LoRA",
+        ),
+        (
+            {
                 "grpo": {"group_size": 8},
                 "model": "rewarder",
                 "trainable": ["language_model", "merger", "vision"],
@@ -156,6 +181,10 @@ def test_every_shipped_recipe_loads_and_production_names_qwen35() -> None:
     assert got["segmenter-production"].base == "Qwen/Qwen3.5-9B"
     assert got["captioner-production"].base == got["rewarder-production"].base == "Qwen/Qwen3.5-27B"
     assert got["segmenter-production"].lora_rank == 32
+    # The merger LoRA is for the random small base (its merger never learnt); a pretrained
+    # Qwen3.5's merger is left as it is.
+    assert got["segmenter-small"].lora_merger and got["segmenter-demo"].lora_merger
+    assert not got["segmenter-production"].lora_merger
     assert all(r.gpus > 0 for k, r in got.items() if k.endswith("production"))
     g = got["segmenter-small"].grpo
     assert (g.group_size, g.temperature, g.clip_eps, g.beta, g.normalisation) == (
