@@ -175,6 +175,8 @@ def rewarder_prompt_baseline(dataset: Path, train: list, held: list) -> dict[str
     meta = _episode_task_lengths(dataset)
     known = [(meta[ex.episode_id], ex.reference_obj()["score"])
              for ex in train if ex.task_kind == "outcome"]  # fmt: skip
+    if not known:  # no outcome item to read a score from: no such baseline
+        return {}
     rows = []
     for ex in held:
         if ex.task_kind != "outcome":
@@ -740,18 +742,20 @@ def main() -> None:
     md = markdown(results, args, spent)
     print(md)
     if args.release:
-        release(results, args)
+        from flora.data.synth import load_config
+
+        # The world the data was made under (a resumed work dir may hold an older one).
+        release(results, args, load_config(dataset).world)
     if args.write_docs:
         plot(results, ROOT / "docs" / "img" / args.plot)
         doc = ROOT / "docs" / "benchmarks.md"
         doc.write_text(insert_section(doc.read_text(), md))
 
 
-def release(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+def release(results: list[dict[str, Any]], args: argparse.Namespace, world: int) -> None:
     """Release each full-weight model's SFT export with what this run measured of it."""
     import datetime
 
-    from flora.data.world import WORLD_VERSION
     from training.release import release_model
 
     for res in results:
@@ -762,7 +766,7 @@ def release(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             "trained_by": f"python benchmarks/learning.py {_argv()}",
             "date": args.date or datetime.date.today().isoformat(),
             "data": {"toy_world_seed": args.seed, "episodes": args.episodes,
-                     "toy_world_version": WORLD_VERSION,
+                     "toy_world_version": world,
                      "heldout_share": args.split, "train_examples": res["train_examples"]},
             "sft": res.get("sft", {}),
             "heldout": {"episodes": res["heldout_episodes"], "items": res["heldout_examples"],

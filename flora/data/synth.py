@@ -41,8 +41,8 @@ from flora.data.world import (
     FPS,
     STATE_NAMES,
     WORLD_VERSION,
-    WORLD_VERSIONS,
     Rollout,
+    check_world,
     simulate_episode,
 )
 
@@ -250,8 +250,7 @@ def generate(
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
-    if world not in WORLD_VERSIONS:
-        raise ValueError(f"unknown toy-world version {world!r}; known: {list(WORLD_VERSIONS)}")
+    check_world(world)  # before anything is written
     for c in cameras:
         if c not in CAMERAS:
             raise ValueError(f"unknown camera {c!r}; choose from {sorted(CAMERAS)}")

@@ -273,10 +273,15 @@ WORLD_VERSION = 2
 WORLD_VERSIONS = (1, 2)
 
 
-def profile_for(index: int, world: int = WORLD_VERSION) -> tuple[tuple[str, ...], bool]:
-    """Failure profile (kinds, last failure unrecovered?) of episode ``index``."""
+def check_world(world: int) -> None:
+    """Refuse a toy-world version these rules do not implement (``ValueError``)."""
     if world not in WORLD_VERSIONS:
         raise ValueError(f"unknown toy-world version {world!r}; known: {list(WORLD_VERSIONS)}")
+
+
+def profile_for(index: int, world: int = WORLD_VERSION) -> tuple[tuple[str, ...], bool]:
+    """Failure profile (kinds, last failure unrecovered?) of episode ``index``."""
+    check_world(world)
     shift = index // len(DEFAULT_DURATIONS_S) if world >= 2 else 0
     return PROFILES[(index + shift) % len(PROFILES)]
 
