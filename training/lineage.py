@@ -23,7 +23,8 @@ _TOY = re.compile(r"\Atoy_\d+_(\d+)(_quick)?/(\d+)\Z")
 
 def trained_episodes(model_dir: str | Path) -> set[str]:
     """Every episode id a Flora export learnt from: its set's train split, the held-out
-    episodes that selected its state (``selected_on``, GRPO's probe) and, through the
+    episodes that selected its state (``selected_on``, GRPO's probe), those of a base that
+    is itself a Flora export (``base_lineage``) and, through the
     ``init_from`` it records, the train splits of every model it was continued from —
     as written into the export when it was trained (``init_from.train_episodes``), else
     by following the ancestor's path (exports written before that field).
@@ -39,6 +40,16 @@ def trained_episodes(model_dir: str | Path) -> set[str]:
         raise TrainingError(f"{path}: its set manifest records no training episodes")
     # Episodes that chose the exported state (GRPO's held-out probe) count as seen.
     ids = set(train) | set((man.get("selected_on") or {}).get("episodes") or [])
+    # A base that is itself a Flora export (a released captioner under a segmenter's LoRA)
+    # learnt from its own episodes: recorded at export, never followed on disk.
+    base = man.get("base_lineage")
+    if base is not None:
+        if base.get("train_episodes") is None:
+            raise TrainingError(
+                f"{path}: trained over the base of {base.get('path')}, whose training "
+                "episodes were unknown when it was exported"
+            )
+        ids |= set(base["train_episodes"])
     init = man.get("init_from") or {}
     if init.get("train_episodes") is not None:  # recorded at export: no ancestor needed
         return ids | set(init["train_episodes"])

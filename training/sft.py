@@ -927,6 +927,9 @@ def _export(
         }
         if init is not None:
             man["init_from"] = {**init.lineage(), **init.ancestry}
+        base_lineage = base_ancestry(base_dir)
+        if base_lineage is not None:
+            man["base_lineage"] = base_lineage
         if selected_on is not None:
             man["selected_on"] = selected_on
         man["files"] = {
@@ -1015,6 +1018,23 @@ def _ancestor_episodes(root: Path) -> dict[str, list[str]]:
         return {"train_episodes": sorted(trained_episodes(root))}
     except (TrainingError, OSError, ValueError):
         return {}
+
+
+def base_ancestry(base_dir: str | Path) -> dict[str, Any] | None:
+    """The lineage of a base that is a folder of a Flora export (a released model's
+    ``model/``, an export's ``base/``): ``{"path", "train_episodes"}``, the latter absent
+    when that export's lineage is unknown. ``None`` for a built or hub base, which learnt
+    nothing from the toy world.
+
+    A model trained over such a base must not be scored on the episodes the base learnt
+    from, so its export records them (:func:`training.lineage.trained_episodes`). For an
+    export's ``base/`` this is the whole export's lineage, a superset of the base's own:
+    more held-out episodes left out, never a leak.
+    """
+    root = Path(base_dir).resolve().parent
+    if not (root / MODEL_MANIFEST).is_file():
+        return None
+    return {"path": str(root), **_ancestor_episodes(root)}
 
 
 def read_model_manifest(path: str | Path) -> dict[str, Any]:

@@ -123,3 +123,15 @@ def test_an_export_carries_its_ancestors_episodes_so_they_need_not_be_on_disk(tm
         "toy_240_1/000008",
     }
     assert _ancestor_episodes(tmp_path / "gone") == {}  # unknown: the path is followed later
+
+
+def test_a_base_lineage_counts_and_an_unknown_one_refuses(tmp_path):
+    model = _export(tmp_path / "seg", ["toy_120_1/000002"])
+    man = json.loads((model / "flora_model.json").read_text())
+    man["base_lineage"] = {"path": "/releases/captioner", "train_episodes": ["toy_120_1/000005"]}
+    (model / "flora_model.json").write_text(json.dumps(man))
+    assert trained_episodes(model) == {"toy_120_1/000002", "toy_120_1/000005"}
+    man["base_lineage"] = {"path": "/releases/captioner"}  # its episodes were unknown
+    (model / "flora_model.json").write_text(json.dumps(man))
+    with pytest.raises(TrainingError, match="whose training episodes were unknown"):
+        trained_episodes(model)

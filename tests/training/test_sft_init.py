@@ -132,3 +132,29 @@ def test_an_adapter_of_another_kind_or_shape_is_refused(
     (as_cap / "flora_model.json").write_text(json.dumps({**man, "model": "captioner"}))
     cap = _recipe(tiny_base, max_steps=1, init_from=str(as_cap))
     assert "holds lora weights, not full weights" in refused(cap, mini_set)
+
+
+def test_a_base_that_is_a_flora_export_passes_its_episodes_on(
+    released, tiny_base, seg_set, tmp_path
+):
+    """A segmenter LoRA over a released captioner's weights (a base that already sees):
+    the episodes the captioner learnt from count as seen by the segmenter."""
+    from training.lineage import trained_episodes
+
+    cap = tmp_path / "captioner"
+    shutil.copytree(released, cap)
+    man = json.loads((cap / "flora_model.json").read_text())
+    # the hand-made set lists no episodes: give the copy a known lineage
+    man["set_manifest"]["episodes"] = {"train": ["toy_120_1/000003"], "heldout": []}
+    (cap / "flora_model.json").write_text(json.dumps(man))
+    r = tiny_recipe("segmenter", str(cap / "model"), max_steps=1, eval_every=100)
+    res = train_sft(r, seg_set, tmp_path / "seg", log_mlflow=False, progress=False)
+    man = json.loads((res.model_dir / "flora_model.json").read_text())
+    assert man["base_lineage"] == {"path": str(cap.resolve()),
+                                   "train_episodes": ["toy_120_1/000003"]}  # fmt: skip
+    cap_eps = trained_episodes(cap)
+    assert cap_eps <= trained_episodes(res.model_dir)
+    # A built base learnt nothing: no base lineage is recorded.
+    plain = train_sft(tiny_recipe("segmenter", tiny_base, max_steps=1, eval_every=100),
+                      seg_set, tmp_path / "plain", log_mlflow=False, progress=False)  # fmt: skip
+    assert "base_lineage" not in json.loads((plain.model_dir / "flora_model.json").read_text())
