@@ -338,7 +338,7 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
             ev(name, lambda tab=tab: tab)
 
     # untrained
-    base = resolve_base("small", seed=recipe.base_seed, max_pixels=recipe.max_pixels)
+    base = resolve_base(recipe.base, seed=recipe.base_seed, max_pixels=recipe.max_pixels)
 
     def untrained():
         from flora.backends.transformers_backend import TransformersBackend

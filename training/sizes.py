@@ -179,7 +179,9 @@ def resolve_base(
 
     ``"tiny"`` / ``"small"``: built once into ``cache`` (default :func:`default_cache`) in a
     temporary folder renamed into place, so a crash never leaves a half-built base that
-    later runs would trust. An existing directory: itself. Anything else: a hub id,
+    later runs would trust. An existing directory: itself (a relative path is tried from
+    the working directory, then from the repository root, where the released ``models/``
+    live). Anything else: a hub id,
     resolved through the local Hugging Face cache (offline here, so a missing one is a
     clear error naming it). ``max_pixels`` (built sizes only): see :func:`get_size`.
     """
@@ -202,6 +204,8 @@ def resolve_base(
             shutil.rmtree(tmp, ignore_errors=True)
         return final
     p = Path(base).expanduser()
+    if not p.is_absolute() and not p.exists():  # a released model of this repository
+        p = Path(__file__).resolve().parents[1] / p
     if p.exists():
         if not (p / "config.json").is_file():
             raise FileNotFoundError(f"base {base!r} is a directory without config.json")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,3 +100,13 @@ def test_a_recipe_image_budget_changes_the_processor_not_the_weights(tmp_path) -
         get_size("small", 16 * 16)
     with pytest.raises(ValueError, match="built size"):
         resolve_base(str(a), max_pixels=96 * 192)
+
+
+def test_a_relative_base_path_is_tried_from_the_repository_root(tmp_path, monkeypatch):
+    """A recipe naming a released model's weights (``models/small/captioner/model``) finds
+    them from any working directory; a path found nowhere is still refused."""
+    monkeypatch.chdir(tmp_path)
+    root = Path(__file__).resolve().parents[2]
+    assert resolve_base("models/small/captioner/model") == root / "models/small/captioner/model"
+    with pytest.raises(FileNotFoundError, match="models/small/nothing-here"):
+        resolve_base("models/small/nothing-here")
