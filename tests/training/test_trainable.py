@@ -185,6 +185,13 @@ def test_every_shipped_recipe_loads_and_production_names_qwen35() -> None:
     # Qwen3.5's merger is left as it is.
     assert got["segmenter-small"].lora_merger and got["segmenter-demo"].lora_merger
     assert not got["segmenter-production"].lora_merger
+    # The small segmenter's LoRA sits on the released small captioner (a base that sees),
+    # whose training episodes are known, so its exports can be scored leak-free.
+    from training.sft import base_ancestry
+    from training.sizes import resolve_base
+
+    seen = base_ancestry(resolve_base(got["segmenter-small"].base))
+    assert seen is not None and len(seen["train_episodes"]) > 50
     assert all(r.gpus > 0 for k, r in got.items() if k.endswith("production"))
     g = got["segmenter-small"].grpo
     assert (g.group_size, g.temperature, g.clip_eps, g.beta, g.normalisation) == (
