@@ -967,10 +967,9 @@ class InitWeights:
 
 def init_path(init_from: str) -> Path:
     """A recipe's ``init_from`` folder: as given, else relative to the repository root."""
-    p = Path(init_from).expanduser()
-    if not p.is_absolute() and not p.exists():
-        p = Path(__file__).resolve().parents[1] / p
-    return p
+    from training.sizes import repo_path
+
+    return repo_path(init_from)
 
 
 def resolve_init(recipe: Recipe, base_id: str) -> InitWeights | None:

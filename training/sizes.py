@@ -172,6 +172,15 @@ def rescale_embedding(path: Path, embed_std: float, init_std: float) -> None:
     marker.write_text(json.dumps(info, sort_keys=True))
 
 
+def repo_path(path: str | Path) -> Path:
+    """A path named in a recipe: as given, else (relative and not found from the working
+    directory) relative to the repository root, where the released ``models/`` live."""
+    p = Path(path).expanduser()
+    if not p.is_absolute() and not p.exists():
+        p = Path(__file__).resolve().parents[1] / p
+    return p
+
+
 def resolve_base(
     base: str, *, seed: int = 0, cache: Path | None = None, max_pixels: int | None = None
 ) -> Path:
@@ -203,9 +212,7 @@ def resolve_base(
 
             shutil.rmtree(tmp, ignore_errors=True)
         return final
-    p = Path(base).expanduser()
-    if not p.is_absolute() and not p.exists():  # a released model of this repository
-        p = Path(__file__).resolve().parents[1] / p
+    p = repo_path(base)
     if p.exists():
         if not (p / "config.json").is_file():
             raise FileNotFoundError(f"base {base!r} is a directory without config.json")
@@ -236,6 +243,7 @@ __all__ = [
     "build_base",
     "default_cache",
     "get_size",
+    "repo_path",
     "rescale_embedding",
     "resolve_base",
 ]
