@@ -228,12 +228,15 @@ def kinematic_window_segments(
     cfg: KinematicConfig | None = None,
     *,
     kin: Kinematics | None = None,
+    fps: float | None = None,
 ) -> list[LocalSegment]:
     """Segment one window seeing only its own frames, as a windowed model would.
 
     A chunk that starts at the window's first frame while the arm is already moving is
     flagged left-open (unless the window starts the episode); one that runs to the
     window's last frame while still moving is right-open (unless it ends the episode).
+    ``kin``/``fps``: signals sampled at another rate than the episode's (e.g. the 4 Hz
+    frames a segmenter sees, ``benchmarks/frame_signal.py``) with that rate.
     """
     cfg = cfg or KinematicConfig()
     k = kin or episode_kinematics(episode)
@@ -244,7 +247,7 @@ def kinematic_window_segments(
     sub = Kinematics(k.t_us[a0:b0], _frame_end_us(k, b0), k.ee[a0:b0], k.grip[a0:b0])
     # The slice's first frame has no predecessor inside the window; include the frame
     # before it for the speed of that first frame, as a model sees motion blur/continuity.
-    fps = float(episode.fps)
+    fps = float(fps if fps is not None else episode.fps)
     chunks = detect_chunks(sub, fps, cfg)
     moving_in = a0 > 0 and np.linalg.norm(k.ee[a0] - k.ee[a0 - 1]) * fps > 1e-6
     moving_out = b0 < len(k.t_us) and np.linalg.norm(k.ee[b0] - k.ee[b0 - 1]) * fps > 1e-6

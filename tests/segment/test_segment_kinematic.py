@@ -158,3 +158,25 @@ def test_window_path_stitches_like_whole_episode() -> None:
         ev = refine(prim, sw, kinematic_window_outputs(ep, sw), T, primary_windows=pw)
         assert segment_f1(ev, ref, 0.5) >= 0.9, profile
         assert segment_f1(ev, ref, 0.75) >= 0.8, profile
+
+
+def test_window_signals_at_another_rate_use_that_rate() -> None:
+    # The segmenter sees 4 Hz frames: the detector over every 5th state (4 Hz) with fps=4
+    # still finds the scripted actions; read at the episode's 20 Hz its pause and
+    # minimum-length rules would span 5x too long and merge them.
+    from flora.segment import Window
+    from flora.segment.kinematic import Kinematics
+
+    ep = _script()
+    k = episode_kinematics(ep)
+    sub = Kinematics(k.t_us[::5], k.end_us, k.ee[::5], k.grip[::5])
+    w = Window(0, ep.duration_us, 0, ep.duration_us)
+    cfg = KinematicConfig(smooth_frames=1)
+    ref = [Event(a * F, b * F) for a, b in TRUTH]
+
+    def f1(fps: float | None) -> float:
+        segs = kinematic_window_segments(ep, w, cfg, kin=sub, fps=fps)
+        return segment_f1([Event(s.u * F, s.v * F) for s in segs], ref, 0.5)
+
+    assert f1(4.0) >= 0.8
+    assert f1(None) < f1(4.0)
