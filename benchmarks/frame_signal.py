@@ -12,8 +12,8 @@ model on the set's held-out windows (:func:`training.evaluate.score_outputs`):
 * ``proprioception, episode rate``: the kinematic baseline itself;
 * ``proprioception, 4 Hz``: the same state sampled at the segmenter's frame times;
 * ``pixels, mosaic``: mean absolute change of the 4 Hz mosaics the set stores;
-* ``pixels, model input``: the same after resizing to the size's pixel budget (what the
-  processor gives the vision encoder);
+* ``pixels, model input``: the same frames as the image processor gives them to the vision
+  encoder (resized to the size's pixel budget, normalised patches);
 * ``visual tokens, <model>``: change of the frame's visual tokens after the vision tower
   and merger of each ``--vision`` model (a built size name, a model folder or an exported
   Flora model; a LoRA export is merged) — what the language model receives;
@@ -71,17 +71,18 @@ def path_kinematics(t_us: np.ndarray, end_us: int, activity: np.ndarray):
     return Kinematics(t_us, int(end_us), ee, np.zeros(len(t_us)))
 
 
-def resized(frames: Sequence[np.ndarray], processor: Any) -> list[np.ndarray]:
-    """Frames at the size the model's image processor gives them (its pixel budget)."""
+def processed(frames: Sequence[np.ndarray], processor: Any) -> list[np.ndarray]:
+    """Each frame as the vision encoder receives it: the image processor's resized,
+    normalised patches (its pixel budget), flattened."""
     from PIL import Image
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     ip = processor.image_processor
-    factor = ip.patch_size * ip.merge_size
-    h, w = frames[0].shape[:2]
-    size = ip.size
-    rh, rw = smart_resize(h, w, factor, size["shortest_edge"], size["longest_edge"])
-    return [np.asarray(Image.fromarray(f).resize((rw, rh), Image.BICUBIC)) for f in frames]
+    out: list[np.ndarray] = []
+    for i in range(0, len(frames), 32):
+        enc = ip(images=[Image.fromarray(f) for f in frames[i : i + 32]], return_tensors="pt")
+        sizes = enc["image_grid_thw"].prod(-1).tolist()
+        out.extend(p.numpy() for p in torch.split(enc["pixel_values"], sizes))
+    return out
 
 
 def load_vision(spec: str) -> tuple[Any, Any]:
@@ -205,7 +206,7 @@ def main() -> None:
     }
     _, size_processor = load_vision(args.size)
     variants["pixels, model input"] = lambda: window_outputs(
-        held, from_activity(lambda fr: change(resized(fr, size_processor))), episodes, 4.0
+        held, from_activity(lambda fr: change(processed(fr, size_processor))), episodes, 4.0
     )
     for spec in args.vision:
 
