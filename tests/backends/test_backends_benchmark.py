@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
-from tests.backends.backend_helpers import REPO
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location(
-        "vlm_throughput", REPO / "benchmarks" / "vlm_throughput.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses need their module registered
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benchmark_scripts import load_benchmark
 
 
 def test_throughput_benchmark_runs_on_cpu(tmp_path):
-    bench = _load()
+    bench = load_benchmark("vlm_throughput")
     out = tmp_path / "bench.json"
     report = bench.main(
         [
@@ -48,7 +36,7 @@ def test_flop_model_of_the_qwen3_5_9b_window():
     import torch
     from transformers import AutoModelForImageTextToText
 
-    bench = _load()
+    bench = load_benchmark("vlm_throughput")
     cfg = bench.build_config("qwen3_5_9b")
     with torch.device("meta"):  # shapes only: no memory, no init cost
         model = AutoModelForImageTextToText.from_config(cfg, dtype=torch.bfloat16)

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "rtc_latency.py"
+from tests.benchmark_scripts import load_benchmark
 
 
 def test_latency_script_times_all_three_samplers(tmp_path):
-    spec = importlib.util.spec_from_file_location("rtc_latency", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("rtc_latency")
     out = tmp_path / "lat.json"
     res = mod.main(
         [

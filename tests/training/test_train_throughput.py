@@ -3,25 +3,13 @@ in the recipe's training form, and counts model FLOPs by what trains."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location(
-        "train_throughput", REPO / "benchmarks" / "train_throughput.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benchmark_scripts import load_benchmark
 
 
 def _run(bench, tmp_path: Path, *extra: str) -> dict:
@@ -36,7 +24,7 @@ def _run(bench, tmp_path: Path, *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def bench():
-    return _load()
+    return load_benchmark("train_throughput")
 
 
 def test_full_fine_tune_trains_the_recipes_parts_and_counts_three_forwards(bench, tmp_path):
