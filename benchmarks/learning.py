@@ -66,6 +66,21 @@ def seen_by_init(model: str, args: argparse.Namespace, dataset: Path) -> set[str
     return seen_in(args.init_from / model, dataset.name)
 
 
+def seen_by_base(model: str, dataset: Path) -> set[str]:
+    """Ids, in this world, of every episode the recipe's base learnt from (the small
+    segmenter's LoRA sits on the released captioner): no variant is scored on them."""
+    from training.lineage import base_seen_in
+    from training.recipe import load_recipe
+
+    return base_seen_in(load_recipe(f"{model}-small").base, dataset.name)
+
+
+def seen_by_lineage(model: str, args: argparse.Namespace, dataset: Path) -> set[str]:
+    """Every held-out episode no variant may be scored on: seen by ``--init-from``'s model
+    or by the recipe's base. GRPO's probe picks among the rest, as ``training.grpo`` does."""
+    return seen_by_init(model, args, dataset) | seen_by_base(model, dataset)
+
+
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -258,7 +273,7 @@ def _guided_set(
                       rubric_frames=s.rubric_frames, rubric_thinking=s.rubric_thinking,
                       progress=False)  # fmt: skip
     out = heldout_examples(model, again, limit=args.eval_episodes,
-                           exclude=seen_by_init(model, args, dataset))  # fmt: skip
+                           exclude=seen_by_lineage(model, args, dataset))  # fmt: skip
     same = [(e.example_id, e.prompt, e.target) for e in out] == [
         (e.example_id, e.prompt, e.target) for e in held
     ]
@@ -292,7 +307,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
                       rubric_frames=s.rubric_frames, rubric_thinking=s.rubric_thinking,
                       progress=False)  # fmt: skip
     train = [e for e in load_set(set_dir, split="train") if e.model == model]
-    seen = seen_by_init(model, args, dataset)
+    by_init, by_base = seen_by_init(model, args, dataset), seen_by_base(model, dataset)
+    seen = by_init | by_base
     all_held = {e.episode_id for e in load_set(set_dir, split="heldout") if e.model == model}
     # GRPO's held-out probe chooses the exported state on these: no variant is scored on
     # them. The probe picks among episodes the SFT start's lineage never saw (all_held - seen).
@@ -300,15 +316,18 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     probe_eps = (set(probe_episode_ids(all_held - seen, recipe.grpo.probe_episodes))
                  if probing and all_held - seen else set())  # fmt: skip
     held = heldout_examples(model, set_dir, limit=args.eval_episodes, exclude=seen | probe_eps)
-    dropped = len(all_held & seen)
+    dropped, dropped_base = len(all_held & by_init), len(all_held & by_base)
     if dropped:
         _log(f"{model}: {dropped} held-out episodes the --init-from model trained on: not scored")
+    if dropped_base:
+        _log(f"{model}: {dropped_base} held-out episodes the recipe's base trained on: not scored")
     judge = make_judge("embedding") if model == "captioner" else None
     n_boot = args.bootstrap
     res: dict[str, Any] = {"model": model, "train_examples": len(train),
                            "heldout_examples": len(held),
                            "heldout_episodes": len({e.episode_id for e in held}),
                            "excluded_seen_by_init": dropped,
+                           "excluded_seen_by_base": dropped_base,
                            "excluded_grpo_probe": sorted(probe_eps),
                            "variants": {}}  # fmt: skip
 
@@ -526,6 +545,9 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, seconds: f
                   f"{res['heldout_episodes']} episodes ({res['train_examples']} train"
                   + (f"; {res['excluded_seen_by_init']} held-out episodes left out: the "
                      "--init-from model trained on them" if res.get("excluded_seen_by_init")
+                     else "")
+                  + (f"; {res['excluded_seen_by_base']} held-out episodes left out: the "
+                     "recipe's base trained on them" if res.get("excluded_seen_by_base")
                      else "") + ")", "",
                   "| variant | " + " | ".join(cols) + " |",
                   "| --- |" + " --- |" * len(cols)]  # fmt: skip

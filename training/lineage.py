@@ -95,4 +95,23 @@ def seen_in(model_dir: str | Path, dataset: str) -> set[str]:
     return same_world_ids(trained_episodes(model_dir), dataset)
 
 
-__all__ = ["same_world_ids", "seen_in", "trained_episodes"]
+def base_seen_in(base: str, dataset: str) -> set[str]:
+    """Ids, in ``dataset``, of the episodes a recipe's ``base`` learnt from: those of a base
+    that is a folder of a Flora export (the released small captioner under the small
+    segmenter's LoRA); none for a built size or a hub model. Read before training, so a
+    benchmark can leave them out of every variant it scores, the untrained base included.
+    Raises :class:`TrainingError` when that export's lineage is unknown."""
+    from training.sft import base_ancestry
+    from training.sizes import SIZES, resolve_base
+
+    if base in SIZES and SIZES[base].built:
+        return set()
+    anc = base_ancestry(resolve_base(base))
+    if anc is None:
+        return set()
+    if anc.get("train_episodes") is None:
+        raise TrainingError(f"base {base}: the training episodes of {anc['path']} are unknown")
+    return same_world_ids(anc["train_episodes"], dataset)
+
+
+__all__ = ["base_seen_in", "same_world_ids", "seen_in", "trained_episodes"]

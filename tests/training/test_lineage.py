@@ -135,3 +135,42 @@ def test_a_base_lineage_counts_and_an_unknown_one_refuses(tmp_path):
     (model / "flora_model.json").write_text(json.dumps(man))
     with pytest.raises(TrainingError, match="whose training episodes were unknown"):
         trained_episodes(model)
+
+
+def test_a_recipe_base_that_is_an_export_passes_its_episodes_on(tmp_path):
+    """The small segmenter's base is the released captioner: the episodes it learnt from
+    are seen, in every toy world of its seed, before any training; a built base saw none."""
+    from training.lineage import base_seen_in
+
+    release = "models/small/captioner/model"
+    seen = base_seen_in(release, "toy_120_1")
+    assert seen and all(i.startswith("toy_120_1/") for i in seen)
+    assert seen == same_world_ids(trained_episodes(Path(release).parent), "toy_120_1")
+    assert {i.split("/")[1] for i in base_seen_in(release, "toy_240_1")} == {
+        i.split("/")[1] for i in seen
+    }
+    assert base_seen_in(release, "toy_120_2") == set()
+    assert base_seen_in("small", "toy_120_1") == set()
+    # an export whose own lineage is unknown cannot be a base whose episodes are left out
+    lost = tmp_path / "lost"
+    (lost / "model").mkdir(parents=True)
+    (lost / "model" / "config.json").write_text("{}")
+    (lost / "flora_model.json").write_text(json.dumps({"files": {}}))
+    with pytest.raises(TrainingError, match="training episodes of .* are unknown"):
+        base_seen_in(str(lost / "model"), "toy_120_1")
+
+
+def test_the_learning_benchmark_leaves_out_what_the_recipe_base_saw():
+    """``benchmarks/learning.py`` scores no variant on an episode the segmenter's base (the
+    released captioner) trained on, and picks GRPO's probe among the rest, as GRPO does."""
+    from argparse import Namespace
+
+    from tests.benchmark_scripts import load_benchmark
+    from training.lineage import base_seen_in
+
+    learning = load_benchmark("learning")
+    world = Path("toy_120_1")
+    none = Namespace(init_from=None)
+    base = base_seen_in("models/small/captioner/model", "toy_120_1")
+    assert learning.seen_by_lineage("segmenter", none, world) == base
+    assert learning.seen_by_lineage("captioner", none, world) == set()  # a built base

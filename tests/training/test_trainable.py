@@ -203,7 +203,7 @@ def test_every_shipped_recipe_loads_and_production_names_qwen35() -> None:
     )
     # GRPO lowered the small segmenter's held-out free r_seg (docs/benchmarks.md): its
     # recipe probes held-out episodes and exports the best-probing state.
-    assert g.probe_every > 0 and g.probe_episodes >= 1
+    assert (g.probe_every, g.probe_episodes, g.probe_decoding) == (5, 3, "free")
 
 
 def test_the_guided_kl_choice_reaches_the_grpo_config() -> None:
