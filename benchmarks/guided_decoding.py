@@ -58,6 +58,17 @@ def _reason_code(reason: str) -> str:
     return re.sub(r"\d+", "N", code)[:70]
 
 
+def parse_by_clip(examples: list, items) -> dict[str, list[int]]:
+    """Segmenter: ``[parsed, windows]`` per clip length in ticks (the prompt states it),
+    shortest first — where the free answers fail (docs/benchmarks.md)."""
+    ticks = {e.example_id: int(e.reference_obj()["n_ticks"]) for e in examples}
+    out: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for eid, ok in zip(items["example_id"], items["parsed"], strict=True):
+        out[ticks[eid]][0] += bool(ok)
+        out[ticks[eid]][1] += 1
+    return {str(k): out[k] for k in sorted(out)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="segmenter", choices=("segmenter", "captioner", "rewarder"))
@@ -118,6 +129,8 @@ def main() -> None:
         res[key] = {"metrics": scored.metrics,
                     "intervals": {k: list(v) for k, v in scored.intervals.items()},
                     "codes": dict(codes), "seconds": time.perf_counter() - t0}  # fmt: skip
+        if args.model == "segmenter":
+            res[key]["by_clip_ticks"] = parse_by_clip(held, items)
         print(key, json.dumps(res[key]), flush=True)
     source = str(args.checkpoint or args.model_dir)
     (args.out / "result.json").write_text(
