@@ -268,10 +268,8 @@ def _guided_set(
         _log(f"{model}: rebuilding the set with its grammar regexes")
         s = load_recipe(f"{model}-small").sets
         profiles = ("standard",) if args.quick else s.profiles
-        build_sft_set(model, dataset, again, split_fraction=args.split, profiles=profiles,
-                      shifted=s.shifted, outcome_frames=s.outcome_frames,
-                      rubric_frames=s.rubric_frames, rubric_thinking=s.rubric_thinking,
-                      progress=False)  # fmt: skip
+        build_sft_set(model, dataset, again, split_fraction=args.split,
+                      **{**s.sft_kwargs(), "profiles": profiles}, progress=False)  # fmt: skip
     out = heldout_examples(model, again, limit=args.eval_episodes,
                            exclude=seen_by_lineage(model, args, dataset))  # fmt: skip
     same = [(e.example_id, e.prompt, e.target) for e in out] == [
@@ -302,10 +300,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         _log(f"{model}: building the set")
         s = recipe.sets
         profiles = ("standard",) if args.quick else s.profiles
-        build_sft_set(model, dataset, set_dir, split_fraction=args.split, profiles=profiles,
-                      shifted=s.shifted, outcome_frames=s.outcome_frames,
-                      rubric_frames=s.rubric_frames, rubric_thinking=s.rubric_thinking,
-                      progress=False)  # fmt: skip
+        build_sft_set(model, dataset, set_dir, split_fraction=args.split,
+                      **{**s.sft_kwargs(), "profiles": profiles}, progress=False)  # fmt: skip
     train = [e for e in load_set(set_dir, split="train") if e.model == model]
     by_init, by_base = seen_by_init(model, args, dataset), seen_by_base(model, dataset)
     seen = by_init | by_base

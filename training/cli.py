@@ -96,11 +96,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
                 model,
                 dataset,
                 dest,
-                profiles=s.profiles,
-                shifted=s.shifted,
-                outcome_frames=s.outcome_frames,
-                rubric_frames=s.rubric_frames,
-                rubric_thinking=s.rubric_thinking,
+                **s.sft_kwargs(),
                 **common,
             )
         man = read_manifest(path)

@@ -138,9 +138,7 @@ def build_set(
     with _child("build_set", model, run_id) as rec:
         path = build_sft_set(model, dataset, out, split_fraction=s.split_fraction,
                              mixture=mixture, max_episodes=max_episodes or s.max_episodes,
-                             profiles=s.profiles, shifted=s.shifted,
-                             outcome_frames=s.outcome_frames, rubric_frames=s.rubric_frames,
-                             rubric_thinking=s.rubric_thinking, log_mlflow=True,
+                             **s.sft_kwargs(), log_mlflow=True,
                              progress=False)  # fmt: skip
         man = read_manifest(path)
         out_ = {

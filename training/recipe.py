@@ -46,9 +46,16 @@ class SetRecipe(_Strict):
     max_episodes: int | None = Field(None, ge=1)
     profiles: tuple[Literal["standard", "long_horizon"], ...] = ("standard", "long_horizon")
     shifted: bool = True  # segmenter: also the shifted pass's windows
+    # segmenter: standard windows clipped at random ends added per training episode
+    clipped: int = Field(0, ge=0)
     outcome_frames: int = Field(32, ge=1)
     rubric_frames: int = Field(16, ge=1)
     rubric_thinking: bool = True  # rubric targets think first (DESIGN §3.3)
+
+    def sft_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments :func:`training.sets.build_sft_set` takes from a recipe."""
+        return self.model_dump(include={"profiles", "shifted", "clipped", "outcome_frames",
+                                        "rubric_frames", "rubric_thinking"})  # fmt: skip
 
 
 class GRPORecipe(_Strict):

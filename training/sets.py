@@ -308,6 +308,29 @@ def episode_sources(
 # --------------------------------------------------------------------------- builders
 
 
+def _clipped_windows(episode: Episode, n: int) -> list[tuple[str, bool, list[Any]]]:
+    """``n`` standard-profile windows clipped at random ends, as ``(profile, shift,
+    [(index, window)])`` passes: each the last window the engine would plan for this
+    episode cut at a random 250 ms tick in [2 s, T) (its index is that window's index in
+    its pass). Seeded by the episode id, so a rebuild is identical and independent of the
+    other episodes."""
+    from flora.segment.plan import plan_windows
+
+    step = 250_000  # one 4 Hz mosaic frame: clip where a frame falls
+    top = (episode.duration_us - 1) // step
+    if top < 8:
+        return []
+    seed = int.from_bytes(hashlib.sha256(f"clip:{episode.episode_id}".encode()).digest()[:8])
+    rng = np.random.default_rng(seed)
+    got: list[tuple[str, bool, list[Any]]] = []
+    for _ in range(n):
+        end = int(rng.integers(8, top + 1)) * step
+        shift = bool(rng.integers(2))
+        w = plan_windows(end, "standard", shift)[-1]
+        got.append(("standard", shift, [(w.index, w)]))
+    return got
+
+
 def segmenter_examples(
     episode: Episode,
     src: EpisodeSource,
@@ -315,9 +338,18 @@ def segmenter_examples(
     purpose: str = "sft",
     profiles: Sequence[str] = ("standard", "long_horizon"),
     shifted: bool = True,
+    clipped: int = 0,
     max_new_tokens: int = 384,
 ) -> tuple[list[Example], list[Failure]]:
-    """One example per distinct window (profiles x passes) of one episode."""
+    """One example per distinct window (profiles x passes) of one episode.
+
+    ``clipped`` > 0 adds, for a training-split episode, that many standard-profile windows
+    clipped at a random end: the last window of the episode cut at a random 250 ms tick
+    (>= 2 s), primary or shifted pass at random, seeded by the episode id. The engine's
+    last window of every episode is clipped at the episode's end, and a world's episode
+    lengths give only a few clip lengths to learn the stated end from (docs/training.md,
+    "Clipped windows"). Held-out episodes keep exactly the engine's windows.
+    """
     from flora.segment.grammar import render_segments
     from flora.segment.plan import plan_windows
     from flora.segment.run import _window_images, window_request
@@ -326,47 +358,51 @@ def segmenter_examples(
     out: list[Example] = []
     fails: list[Failure] = []
     seen: set[tuple[int, int]] = set()
+    passes: list[tuple[str, bool, list[Any]]] = []
     for profile in profiles:
         for shift in (False, True) if shifted else (False,):
-            pass_name = f"{profile}:{'shifted' if shift else 'primary'}"
             windows = plan_windows(episode.duration_us, profile=profile, shift=shift)
-            imgs, reasons, roles = _window_images(episode, windows)
-            for k, w in enumerate(windows):
-                key = (w.start_us, w.end_us)
-                if key in seen:  # a short episode's single window repeats in every pass
-                    continue
-                seen.add(key)
-                if imgs[k] is None:
-                    fails.append(
-                        Failure(TABLE, episode.episode_id, f"{pass_name} window {k}", reasons[k])
-                    )
-                    continue
-                images, rel_times = imgs[k]  # type: ignore[misc]
-                req = window_request(
-                    episode, w, k, pass_name, images, rel_times, roles, max_new_tokens
+            passes.append((profile, shift, list(enumerate(windows))))
+    if clipped > 0 and src.split == "train":
+        passes.extend(_clipped_windows(episode, clipped))
+    for profile, shift, indexed in passes:
+        pass_name = f"{profile}:{'shifted' if shift else 'primary'}"
+        windows = [w for _, w in indexed]
+        imgs, reasons, roles = _window_images(episode, windows)
+        for j, (k, w) in enumerate(indexed):
+            key = (w.start_us, w.end_us)
+            if key in seen:  # a short episode's single window repeats in every pass
+                continue
+            seen.add(key)
+            if imgs[j] is None:
+                fails.append(
+                    Failure(TABLE, episode.episode_id, f"{pass_name} window {k}", reasons[j])
                 )
-                segs = window_targets(src.events, w)
-                ref = {
-                    "n_ticks": w.n_ticks,
-                    "segments": [[s.u, s.v, int(s.left_open), int(s.right_open)] for s in segs],
-                    "window": [w.start_us, w.end_us, w.core_start_us, w.core_end_us],
-                    "profile": profile,
-                    "pass": "shifted" if shift else "primary",
-                    "duration_us": episode.duration_us,
-                }
-                out.append(
-                    _example(
-                        model="segmenter",
-                        kind="segment",
-                        purpose=purpose,
-                        episode=episode,
-                        split=src.split,
-                        req=req,
-                        target=render_segments(segs),
-                        reference=ref,
-                        weight=src.weight,
-                    )
+                continue
+            images, rel_times = imgs[j]  # type: ignore[misc]
+            req = window_request(episode, w, k, pass_name, images, rel_times, roles, max_new_tokens)
+            segs = window_targets(src.events, w)
+            ref = {
+                "n_ticks": w.n_ticks,
+                "segments": [[s.u, s.v, int(s.left_open), int(s.right_open)] for s in segs],
+                "window": [w.start_us, w.end_us, w.core_start_us, w.core_end_us],
+                "profile": profile,
+                "pass": "shifted" if shift else "primary",
+                "duration_us": episode.duration_us,
+            }
+            out.append(
+                _example(
+                    model="segmenter",
+                    kind="segment",
+                    purpose=purpose,
+                    episode=episode,
+                    split=src.split,
+                    req=req,
+                    target=render_segments(segs),
+                    reference=ref,
+                    weight=src.weight,
                 )
+            )
     return out, fails
 
 
@@ -828,6 +864,7 @@ def build_sft_set(
     max_episodes: int | None = None,
     profiles: Sequence[str] = ("standard", "long_horizon"),
     shifted: bool = True,
+    clipped: int = 0,
     outcome_frames: int = 32,
     rubric_frames: int = 16,
     rubric_thinking: bool = True,
@@ -844,7 +881,7 @@ def build_sft_set(
     if model == "segmenter":
 
         def per(ep: Episode, src: EpisodeSource, gt: Any):
-            return segmenter_examples(ep, src, profiles=profiles, shifted=shifted)
+            return segmenter_examples(ep, src, profiles=profiles, shifted=shifted, clipped=clipped)
     elif model == "captioner":
 
         def per(ep: Episode, src: EpisodeSource, gt: Any):
@@ -865,6 +902,7 @@ def build_sft_set(
     params = {
         "profiles": ",".join(profiles),
         "shifted": shifted,
+        "clipped": clipped,
         "outcome_frames": outcome_frames,
         "rubric_frames": rubric_frames,
         "rubric_thinking": rubric_thinking,

@@ -10,6 +10,7 @@ import pytest
 
 from flora.data.dataset import open_dataset
 from flora.data.ground_truth import load_ground_truth
+from flora.parsing import Rejection
 from flora.segment.grammar import segments_regex
 from training.sets import (
     SetError,
@@ -144,6 +145,44 @@ def test_segmenter_covers_profiles_and_passes(sets) -> None:
     ) == len(exs)
     g = load_set(sets["grpo-segmenter"])
     assert all(e.purpose == "grpo" and "segments" in e.reference_obj() for e in g)
+
+
+def test_clipped_windows_are_added_to_training_episodes_only(sets, tiny_dataset, tmp_path) -> None:
+    import inspect
+
+    from flora.segment.grammar import parse_segments
+    from training.recipe import SetRecipe
+
+    kw = {"split_fraction": FRACTION, "progress": False, "clipped": 3}
+    a = build_sft_set("segmenter", tiny_dataset, tmp_path / "a", **kw)
+    b = build_sft_set("segmenter", tiny_dataset, tmp_path / "b", **kw)
+    assert read_manifest(a)["params"]["clipped"] == 3
+    plain = {e.example_id: e for e in load_set(sets["segmenter"])}
+    got = load_set(a)
+    # seeded by the episode id: a rebuild is the same set
+    assert [(e.example_id, e.target) for e in got] == [
+        (e.example_id, e.target) for e in load_set(b)
+    ]
+    extra = [e for e in got if e.example_id not in plain]
+    # the planned windows are all still there, unchanged
+    assert {e.example_id: e.target for e in got if e.example_id in plain} == {
+        k: e.target for k, e in plain.items()
+    }
+    assert extra and {e.split for e in extra} == {"train"}  # held-out keeps the engine's windows
+    per_ep: dict[str, int] = {}
+    for e in extra:
+        per_ep[e.episode_id] = per_ep.get(e.episode_id, 0) + 1
+        ref = e.reference_obj()
+        start, end = ref["window"][:2]
+        assert ref["profile"] == "standard" and end < ref["duration_us"] and end % 250_000 == 0
+        assert ref["n_ticks"] == -(-(end - start) // 50_000)
+        assert e.to_request().guided_regex == segments_regex(ref["n_ticks"])
+        assert not isinstance(parse_segments(e.target, ref["n_ticks"]), Rejection)
+    assert max(per_ep.values()) <= 3
+    planned = {e.reference_obj()["n_ticks"] for e in plain.values()}
+    assert {e.reference_obj()["n_ticks"] for e in extra} - planned  # clip lengths never planned
+    # every field the recipe hands the builder is one of its parameters
+    assert set(SetRecipe().sft_kwargs()) <= set(inspect.signature(build_sft_set).parameters)
 
 
 def test_mixture_sets_events_and_splits(tiny_dataset, tmp_path) -> None:
