@@ -69,6 +69,28 @@ def parse_by_clip(examples: list, items) -> dict[str, list[int]]:
     return {str(k): out[k] for k in sorted(out)}
 
 
+def dense_parse_by_window(examples: list, items) -> dict[str, list[int]]:
+    """Rewarder: ``[parsed, windows]`` of the dense answers in an episode's final window
+    (the highest window index among its examples; the one that may end early) and in the
+    others — where the free dense answers fail (docs/benchmarks.md)."""
+    dense = [e for e in examples if e.task_kind == "dense"]
+    last: dict[str, int] = {}
+    for e in dense:
+        last[e.episode_id] = max(last.get(e.episode_id, -1), int(e.reference_obj()["window"]))
+    where = {
+        e.example_id: "final"
+        if int(e.reference_obj()["window"]) == last[e.episode_id]
+        else "non_final"
+        for e in dense
+    }
+    out = {"final": [0, 0], "non_final": [0, 0]}
+    for eid, ok in zip(items["example_id"], items["parsed"], strict=True):
+        if eid in where:
+            out[where[eid]][0] += bool(ok)
+            out[where[eid]][1] += 1
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="segmenter", choices=("segmenter", "captioner", "rewarder"))
@@ -131,6 +153,8 @@ def main() -> None:
                     "codes": dict(codes), "seconds": time.perf_counter() - t0}  # fmt: skip
         if args.model == "segmenter":
             res[key]["by_clip_ticks"] = parse_by_clip(held, items)
+        if args.model == "rewarder":
+            res[key]["dense_by_window"] = dense_parse_by_window(held, items)
         print(key, json.dumps(res[key]), flush=True)
     source = str(args.checkpoint or args.model_dir)
     (args.out / "result.json").write_text(
