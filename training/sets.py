@@ -343,12 +343,13 @@ def segmenter_examples(
 ) -> tuple[list[Example], list[Failure]]:
     """One example per distinct window (profiles x passes) of one episode.
 
-    ``clipped`` > 0 adds, for a training-split episode, that many standard-profile windows
-    clipped at a random end: the last window of the episode cut at a random 250 ms tick
-    (>= 2 s), primary or shifted pass at random, seeded by the episode id. The engine's
-    last window of every episode is clipped at the episode's end, and a world's episode
-    lengths give only a few clip lengths to learn the stated end from (docs/training.md,
-    "Clipped windows"). Held-out episodes keep exactly the engine's windows.
+    ``clipped`` > 0 adds, for a training-split episode, up to that many standard-profile
+    windows clipped at a random end (a draw repeating a window already there is kept once):
+    the last window of the episode cut at a random 250 ms tick (>= 2 s), primary or shifted
+    pass at random, seeded by the episode id. The engine's last window of every episode is
+    clipped at the episode's end, and a world's episode lengths give only a few clip
+    lengths to learn the stated end from (docs/training.md, "Clipped windows"). Held-out
+    episodes keep exactly the engine's windows.
     """
     from flora.segment.grammar import render_segments
     from flora.segment.plan import plan_windows
