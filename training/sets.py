@@ -353,7 +353,7 @@ def segmenter_examples(
     """
     from flora.segment.grammar import render_segments
     from flora.segment.plan import plan_windows
-    from flora.segment.run import _window_images, window_request
+    from flora.segment.run import _window_images, window_item, window_request
     from flora.segment.targets import window_targets
 
     out: list[Example] = []
@@ -376,9 +376,8 @@ def segmenter_examples(
                 continue
             seen.add(key)
             if imgs[j] is None:
-                fails.append(
-                    Failure(TABLE, episode.episode_id, f"{pass_name} window {k}", reasons[j])
-                )
+                item = window_item(pass_name, k, w.start_us, w.end_us)
+                fails.append(Failure(TABLE, episode.episode_id, item, reasons[j]))
                 continue
             images, rel_times = imgs[j]  # type: ignore[misc]
             req = window_request(episode, w, k, pass_name, images, rel_times, roles, max_new_tokens)

@@ -58,6 +58,12 @@ EVENT_DTYPES: dict[str, str] = {
 }
 
 
+def window_item(pass_name: str, index: int, start_us: int, end_us: int) -> str:
+    """How a failure report names one window: its pass, index and span (the span tells
+    apart windows of one index, e.g. a training set's clipped windows)."""
+    return f"{pass_name} window {index} [{start_us}, {end_us}) µs"
+
+
 @dataclass(frozen=True)
 class WindowFailure:
     """A window whose output could not be obtained or parsed (after bounded retries)."""
@@ -70,7 +76,7 @@ class WindowFailure:
 
     @property
     def item(self) -> str:
-        return f"{self.pass_name} window {self.window} [{self.start_us}, {self.end_us}) µs"
+        return window_item(self.pass_name, self.window, self.start_us, self.end_us)
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,27 @@ def test_clipped_windows_are_added_to_training_episodes_only(sets, tiny_dataset,
     assert set(SetRecipe().sft_kwargs()) <= set(inspect.signature(build_sft_set).parameters)
 
 
+def test_an_unreadable_window_is_a_recorded_failure_naming_its_span(tiny_dataset, tmp_path) -> None:
+    import shutil
+
+    root = tmp_path / "toy_damaged"
+    shutil.copytree(tiny_dataset, root)
+    for video in (root / "videos").rglob("file-001.mp4"):  # holds episode 2 only
+        data = video.read_bytes()
+        video.write_bytes(data[: int(len(data) * 0.95)])
+    path = build_sft_set(
+        "segmenter", root, tmp_path / "s", split_fraction=0.0, clipped=2, progress=False
+    )
+    fails = pd.read_parquet(path / "failures.parquet")
+    assert set(fails["episode_id"]) == {"toy_damaged/000002"}
+    assert fails["reason"].str.contains("unreadable video").all()
+    # planned and clipped windows of one pass and index are told apart by their span
+    assert fails["item"].is_unique and fails["item"].str.endswith(") µs").all()
+    assert len(fails) > 10  # the 10 planned windows of the 26 s episode, and its clipped ones
+    got = load_set(path)
+    assert {e.episode_id for e in got} == {"toy_damaged/000000", "toy_damaged/000001"}
+
+
 def test_mixture_sets_events_and_splits(tiny_dataset, tmp_path) -> None:
     gt = load_ground_truth(tiny_dataset)
     ds = open_dataset(tiny_dataset)
