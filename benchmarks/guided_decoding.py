@@ -58,37 +58,36 @@ def _reason_code(reason: str) -> str:
     return re.sub(r"\d+", "N", code)[:70]
 
 
+def _tally(group_of: dict[str, str], items) -> dict[str, list[int]]:
+    """``[parsed, answers]`` per group of the scored items (items not in ``group_of`` skipped)."""
+    out: dict[str, list[int]] = {}
+    for eid, ok in zip(items["example_id"], items["parsed"], strict=True):
+        if eid in group_of:
+            n = out.setdefault(group_of[eid], [0, 0])
+            n[0] += bool(ok)
+            n[1] += 1
+    return out
+
+
 def parse_by_clip(examples: list, items) -> dict[str, list[int]]:
     """Segmenter: ``[parsed, windows]`` per clip length in ticks (the prompt states it),
     shortest first — where the free answers fail (docs/benchmarks.md)."""
-    ticks = {e.example_id: int(e.reference_obj()["n_ticks"]) for e in examples}
-    out: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for eid, ok in zip(items["example_id"], items["parsed"], strict=True):
-        out[ticks[eid]][0] += bool(ok)
-        out[ticks[eid]][1] += 1
-    return {str(k): out[k] for k in sorted(out)}
+    out = _tally({e.example_id: str(e.reference_obj()["n_ticks"]) for e in examples}, items)
+    return {k: out[k] for k in sorted(out, key=int)}
 
 
 def dense_parse_by_window(examples: list, items) -> dict[str, list[int]]:
     """Rewarder: ``[parsed, windows]`` of the dense answers in an episode's final window
     (the highest window index among its examples; the one that may end early) and in the
     others — where the free dense answers fail (docs/benchmarks.md)."""
-    dense = [e for e in examples if e.task_kind == "dense"]
+    window = {e.example_id: int(e.reference_obj()["window"]) for e in examples
+              if e.task_kind == "dense"}  # fmt: skip
+    episode = {e.example_id: e.episode_id for e in examples}
     last: dict[str, int] = {}
-    for e in dense:
-        last[e.episode_id] = max(last.get(e.episode_id, -1), int(e.reference_obj()["window"]))
-    where = {
-        e.example_id: "final"
-        if int(e.reference_obj()["window"]) == last[e.episode_id]
-        else "non_final"
-        for e in dense
-    }
-    out = {"final": [0, 0], "non_final": [0, 0]}
-    for eid, ok in zip(items["example_id"], items["parsed"], strict=True):
-        if eid in where:
-            out[where[eid]][0] += bool(ok)
-            out[where[eid]][1] += 1
-    return out
+    for eid, k in window.items():
+        last[episode[eid]] = max(last.get(episode[eid], -1), k)
+    where = {eid: "final" if k == last[episode[eid]] else "non_final" for eid, k in window.items()}
+    return {"final": [0, 0], "non_final": [0, 0], **_tally(where, items)}
 
 
 def main() -> None:
