@@ -36,13 +36,15 @@ class KindShare:
 
 def kind_mix(examples: Iterable[Any], count: Callable[[str], int]) -> dict[str, KindShare]:
     """Per ``task_kind``: items and target tokens (``count(target)``), with their shares of
-    the whole; kinds in first-seen order."""
+    the whole; kinds in first-seen order. No examples is a ``ValueError`` (no shares)."""
     items: collections.Counter[str] = collections.Counter()
     tokens: collections.Counter[str] = collections.Counter()
     for ex in examples:
         items[ex.task_kind] += 1
         tokens[ex.task_kind] += count(ex.target)
     n_items, n_tokens = sum(items.values()), sum(tokens.values())
+    if not n_items:
+        raise ValueError("no examples to weigh")
     return {
         kind: KindShare(
             items=items[kind],
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", type=Path, required=True, help="an SFT set directory")
     ap.add_argument("--model-dir", type=Path, required=True, help="whose tokenizer to count with")
-    ap.add_argument("--split", default="train", help="train (default), heldout or all")
+    ap.add_argument("--split", default="train", choices=["train", "heldout", "all"])
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
 
@@ -88,7 +90,10 @@ def main(argv: list[str] | None = None) -> None:
         return len(tok(target + END, add_special_tokens=False)["input_ids"])
 
     examples = load_set(args.set, split=None if args.split == "all" else args.split)
-    mix = kind_mix(examples, count)
+    try:
+        mix = kind_mix(examples, count)
+    except ValueError as e:
+        raise SystemExit(f"{args.set}: split {args.split!r}: {e}") from e
     if args.json:
         print(json.dumps({k: asdict(v) for k, v in mix.items()}, indent=1))
     else:

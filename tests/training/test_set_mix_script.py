@@ -29,3 +29,9 @@ def test_kind_mix_weighs_kinds_by_target_tokens_not_items():
     assert mix["dense"].tokens_per_item == 7.0
     table = sm.mix_table(mix)
     assert "| outcome | 2 | 50.0% | 4 | 22.22% | 2.0 |" in table
+
+
+def test_kind_mix_refuses_an_empty_set():
+    sm = load_benchmark("set_mix")
+    with pytest.raises(ValueError, match="no examples"):
+        sm.kind_mix([], len)
