@@ -47,10 +47,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     after = _tree_status() if before is not None else None
     if before is None or after is None or after == before:
         return
-    changed = sorted(set(after.splitlines()) - set(before.splitlines()))
+    was, now = set(before.splitlines()), set(after.splitlines())
+    # Both directions: a test that restores or deletes a file the user had changed counts too.
+    changed = {"now": sorted(now - was), "before": sorted(was - now)}
     rep = session.config.pluginmanager.get_plugin("terminalreporter")
     if rep is not None:
-        rep.write_line(f"the test run changed the checkout {REPO}: {changed}", red=True)
+        rep.write_line(f"the test run changed the checkout {REPO} (git status): {changed}",
+                       red=True)  # fmt: skip
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
