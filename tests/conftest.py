@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+
+# A test run that changes the user's checkout fails, naming the files (tests/checkout_guard.py).
+from tests.checkout_guard import pytest_sessionfinish, pytest_sessionstart  # noqa: F401
 
 # Session fixture: MLflow on a real PostgreSQL for the tracking and registry tests.
 from tests.tracking.pg_server import mlflow_pg_server  # noqa: F401
@@ -17,45 +19,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
-
-REPO = Path(__file__).resolve().parents[1]
-_TREE = pytest.StashKey[str | None]()  # the checkout's git status at session start
-
-
-def _tree_status() -> str | None:
-    """``git status --porcelain`` of this checkout (None where git cannot tell)."""
-    try:
-        out = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
-                             text=True, timeout=120)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    # Controller only (xdist workers carry ``workerinput``): one look before, one after.
-    if not hasattr(session.config, "workerinput"):
-        session.config.stash[_TREE] = _tree_status()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run when tests changed the checkout's tracked or unignored files: a test
-    run must leave a user's clone as it found it (outputs belong in tmp dirs)."""
-    if hasattr(session.config, "workerinput"):
-        return
-    before = session.config.stash.get(_TREE, None)
-    after = _tree_status() if before is not None else None
-    if before is None or after is None or after == before:
-        return
-    was, now = set(before.splitlines()), set(after.splitlines())
-    # Both directions: a test that restores or deletes a file the user had changed counts too.
-    changed = {"now": sorted(now - was), "before": sorted(was - now)}
-    rep = session.config.pluginmanager.get_plugin("terminalreporter")
-    if rep is not None:
-        rep.write_line(f"the test run changed the checkout {REPO} (git status): {changed}",
-                       red=True)  # fmt: skip
-    session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
 
 TINY_SEED = 7
 TINY_DURATIONS_S = (6.0, 14.0, 26.0)
