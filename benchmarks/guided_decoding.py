@@ -11,6 +11,9 @@ Answers the set's held-out items with the in-process backend, free and (``--deco
 both``, the default; ``free`` or ``guided`` for one of them) within each request's
 grammar (``TransformersBackend(guided=True)``: the grammar's exact guide where it has
 one — segments, dense — else its regex; what ``flora serve`` applies).
+``--attempts 3`` scores the free answers the engine keeps after its bounded retries (an
+answer that does not parse is asked again, sampled and seeded; ``flora.parsing``), beside
+how many items parsed at their first, greedy answer.
 Prints and writes the metrics with 95 % intervals and the parser's rejection reasons;
 ``docs/benchmarks.md`` ("Guided decoding …") holds the results. The set must carry
 ``guided_regex`` (sets built since that column exist have it).
@@ -103,12 +106,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--decoding", choices=("both", "free", "guided"), default="both",
                     help="free only is the quick check of what a model learnt")  # fmt: skip
+    ap.add_argument("--attempts", type=int, default=1,
+                    help="free answers per item: 1 the greedy answer alone; the engine's 3 "
+                    "re-asks an answer that does not parse, sampled")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
 
     from flora.backends.transformers_backend import TransformersBackend
     from training.evaluate import (
+        attempt_counts,
         backend_for,
         generate_outputs,
         heldout_examples,
@@ -139,7 +146,8 @@ def main() -> None:
                                           vision_input="images", guided=guided)  # fmt: skip
         else:
             backend = backend_for(args.model_dir, guided=guided)
-        outs = generate_outputs(backend, held)
+        # the guide parses every answer: retries only ever re-ask free answers
+        outs = generate_outputs(backend, held, attempts=1 if guided else args.attempts)
         scored = score_outputs(args.model, held, outs, n_boot=1000)
         items = scored.items
         kinds = items["task_kind"] if "task_kind" in items else ["all"] * len(items)
@@ -149,7 +157,8 @@ def main() -> None:
         key = "guided" if guided else "free"
         res[key] = {"metrics": scored.metrics,
                     "intervals": {k: list(v) for k, v in scored.intervals.items()},
-                    "codes": dict(codes), "seconds": time.perf_counter() - t0}  # fmt: skip
+                    "codes": dict(codes), "seconds": time.perf_counter() - t0,
+                    **attempt_counts(outs, items)}  # fmt: skip
         if args.model == "segmenter":
             res[key]["by_clip_ticks"] = parse_by_clip(held, items)
         if args.model == "rewarder":

@@ -129,17 +129,23 @@ def retry_request(
 def generate_parsed(
     backend: VLMBackend,
     requests: Sequence[VLMRequest],
-    parse: Callable[[VLMResponse], T | Rejection],
+    parse: Callable[[VLMResponse], T | Rejection]
+    | Sequence[Callable[[VLMResponse], T | Rejection]],
     max_attempts: int = 3,
 ) -> list[Attempted[T]]:
     """Run ``requests`` through ``backend`` and ``parse`` each answer, retrying rejects.
 
-    Only the still-rejected requests are re-sent, batched, up to ``max_attempts`` rounds;
-    retries are sampled and seeded (:func:`retry_request`). A parser that raises rejects
-    that answer (:func:`_safe_parse`); it never ends the step.
+    ``parse`` is one parser for every request, or one per request (a mixed batch, e.g.
+    the rewarder's outcome, dense and rubric items in one evaluation). Only the
+    still-rejected requests are re-sent, batched, up to ``max_attempts`` rounds; retries
+    are sampled and seeded (:func:`retry_request`). A parser that raises rejects that
+    answer (:func:`_safe_parse`); it never ends the step.
     """
     if max_attempts < 1:
         raise ValueError("max_attempts must be >= 1")
+    parsers = list(parse) if not callable(parse) else [parse] * len(requests)
+    if len(parsers) != len(requests):
+        raise ValueError(f"{len(parsers)} parsers for {len(requests)} requests")
     results: list[Attempted[T]] = [Attempted(None, Rejection("not attempted")) for _ in requests]
     pending = list(range(len(requests)))
     for attempt in range(1, max_attempts + 1):
@@ -153,7 +159,7 @@ def generate_parsed(
             if not resp.ok:
                 rej = Rejection(resp.error or "backend error", "", kind="transport")
             else:
-                parsed = _safe_parse(parse, resp)
+                parsed = _safe_parse(parsers[i], resp)
                 if isinstance(parsed, Rejection):
                     rej = parsed
                 else:

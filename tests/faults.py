@@ -1,4 +1,4 @@
-"""Faults the orchestration tests plant in the engine's steps."""
+"""Faults the orchestration tests plant in the engine's steps, and a scripted backend."""
 
 from __future__ import annotations
 
@@ -21,3 +21,20 @@ def break_segment_on_episode(monkeypatch: Any, episode: int) -> None:
         return real(dataset_path, out_dir, episodes, *args, **kwargs)
 
     monkeypatch.setattr(flora.engine, "run_segment", breaks)
+
+
+class ScriptedBackend:
+    """Answers each request with ``answer(request)`` (an in-process test double)."""
+
+    name = "scripted"
+    model_version = "scripted-1"
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.calls = 0
+
+    def generate(self, requests: Any) -> list[Any]:
+        from flora.backends.base import VLMResponse
+
+        self.calls += 1
+        return [VLMResponse(self.answer(r), model=self.name) for r in requests]

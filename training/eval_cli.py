@@ -32,6 +32,13 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             None, "--episodes", min=1, help="Evaluate at most this many held-out episodes."
         ),
         judge: str = typer.Option("embedding", "--judge", help="Captioner judge: embedding|llm."),
+        attempts: int = typer.Option(
+            1,
+            "--attempts",
+            min=1,
+            help="Answers per item: 1 scores the greedy answer (what the model learnt); "
+            "the engine's default 3 re-asks an answer that does not parse, sampled.",
+        ),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
         n_boot: int = typer.Option(1000, "--bootstrap", min=0, help="Bootstrap resamples."),
         mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log to MLflow."),
@@ -80,7 +87,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
             j = make_judge(judge)
         res = evaluate_model(model, examples, backend_for(model_dir, device=device), judge=j,
-                             n_boot=n_boot)  # fmt: skip
+                             n_boot=n_boot, attempts=attempts)  # fmt: skip
         res.info.update(model_dir=str(model_dir), set=str(set_path), version=version,
                         lineage=held.lineage, left_out_seen=held.left_out)  # fmt: skip
         print_metrics(f"eval {model} ({len(examples)} held-out items)", res.metrics)
@@ -88,7 +95,8 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             tags = {"flora.eval.set": str(set_path), "flora.eval.model_dir": str(model_dir),
                     "flora.eval.version": str(version or ""),
                     "flora.eval.lineage": held.lineage[:500],
-                    "flora.eval.left_out_seen": str(len(held.left_out))}  # fmt: skip
+                    "flora.eval.left_out_seen": str(len(held.left_out)),
+                    "flora.eval.attempts": str(attempts)}  # fmt: skip
             num = version if version is not None and version.isdigit() else None
             rid = log_eval(res, tags=tags, registered_version=num)
             typer.echo(f"logged to MLflow run {rid}")

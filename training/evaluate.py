@@ -46,7 +46,7 @@ from flora.backends.base import VLMBackend, VLMResponse
 from flora.parsing import Rejection
 
 EVAL_MODELS = ("segmenter", "captioner", "rewarder")
-OUTPUT_COLUMNS = ("example_id", "text", "expected_score", "error")
+OUTPUT_COLUMNS = ("example_id", "text", "expected_score", "error", "attempts")
 
 
 @dataclass
@@ -71,17 +71,52 @@ class ModelEval:
 # --------------------------------------------------------------------------- generation
 
 
+def answer_parser(ex: Any) -> Callable[[str], Any]:
+    """The strict parser of ``ex``'s answer text: a typed value or a ``Rejection``.
+
+    The one place the evaluation picks a grammar per example (segment ticks within the
+    window's ``n_ticks``, caption, outcome / dense / rubric with the example's rubric):
+    scoring and :func:`generate_outputs`' retries both use it.
+    """
+    from flora.caption.grammar import parse_caption
+    from flora.reward.dense import parse_dense
+    from flora.reward.outcome import parse_outcome
+    from flora.reward.rubric import Rubric, parse_rubric
+    from flora.segment.grammar import parse_segments
+
+    if ex.model == "segmenter":
+        n_ticks = int(ex.reference_obj()["n_ticks"])
+        return lambda text: parse_segments(text, n_ticks)
+    if ex.model == "captioner":
+        return parse_caption
+    if ex.task_kind == "outcome":
+        return parse_outcome
+    if ex.task_kind == "dense":
+        return parse_dense
+    if ex.task_kind == "rubric":
+        rub = Rubric.model_validate(ex.reference_obj()["rubric"])
+        return lambda text: parse_rubric(rub, text)
+    raise ValueError(f"example {ex.example_id}: unknown {ex.model} task {ex.task_kind!r}")
+
+
 def generate_outputs(
-    backend: VLMBackend, examples: Sequence[Any], *, batch_size: int = 64
+    backend: VLMBackend, examples: Sequence[Any], *, batch_size: int = 64, attempts: int = 1
 ) -> pd.DataFrame:
     """Greedy answers of ``backend`` to every example's request, as an output table.
 
     Outcome examples ask for top log-probabilities (as the outcome step does) and get
     ``expected_score`` from :func:`flora.reward.outcome.parse_outcome_response`; a
     backend error is kept in ``error`` with an empty text (it then fails to parse).
+    ``attempts`` > 1 answers as the engine's steps do (:func:`flora.parsing.generate_parsed`):
+    an answer that does not parse is asked again, sampled and seeded, up to ``attempts``
+    times, and the last answer is kept; the ``attempts`` column says how many were sent.
+    The default (1) measures the greedy answer alone — what the model learnt.
     """
+    from flora.parsing import generate_parsed
     from flora.reward.outcome import parse_outcome_response
 
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
     rows: list[dict[str, Any]] = []
     for lo in range(0, len(examples), batch_size):
         chunk = examples[lo : lo + batch_size]
@@ -90,8 +125,10 @@ def generate_outputs(
             r = ex.to_request()
             r.temperature = 0.0
             reqs.append(r)
-        resps: list[VLMResponse] = backend.generate(reqs)
-        for ex, resp in zip(chunk, resps, strict=True):
+        parsers = [_on_text(answer_parser(ex)) for ex in chunk]
+        results = generate_parsed(backend, reqs, parsers, max_attempts=attempts)
+        for ex, res in zip(chunk, results, strict=True):
+            resp: VLMResponse = res.response  # type: ignore[assignment]
             e = math.nan
             if ex.task_kind == "outcome" and resp.ok:
                 o = parse_outcome_response(resp)
@@ -103,9 +140,14 @@ def generate_outputs(
                     "text": resp.text if resp.ok else "",
                     "expected_score": e,
                     "error": resp.error or "",
+                    "attempts": len(res.attempts) + res.ok,
                 }
             )
     return pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
+
+
+def _on_text(parse: Callable[[str], Any]) -> Callable[[VLMResponse], Any]:
+    return lambda resp: parse(resp.text)
 
 
 # --------------------------------------------------------------------------- scoring
@@ -129,14 +171,13 @@ def _text(row: dict[str, Any] | None) -> str:
 
 def _segment_items(examples: Sequence[Any], out: dict[str, dict[str, Any]]) -> pd.DataFrame:
     from flora.metrics.segment import boundary_score, match, r_seg
-    from flora.segment.grammar import parse_segments
     from training.rewards import as_local_segments
 
     rows = []
     for ex in examples:
         ref_obj = ex.reference_obj()
         ref = as_local_segments(ref_obj["segments"])
-        parsed = parse_segments(_text(out.get(ex.example_id)), int(ref_obj["n_ticks"]))
+        parsed = answer_parser(ex)(_text(out.get(ex.example_id)))
         row: dict[str, Any] = {"example_id": ex.example_id, "episode_id": ex.episode_id}
         if isinstance(parsed, Rejection):
             row.update(parsed=False, reason=parsed.reason, n_pred=0, n_ref=len(ref))
@@ -154,14 +195,13 @@ def _segment_items(examples: Sequence[Any], out: dict[str, dict[str, Any]]) -> p
 def _caption_items(
     examples: Sequence[Any], out: dict[str, dict[str, Any]], judge: Any
 ) -> pd.DataFrame:
-    from flora.caption.grammar import parse_caption
     from flora.metrics.caption import score_captions
 
     rows: list[dict[str, Any]] = []
     todo: list[tuple[int, str, Any]] = []
     for ex in examples:
         ref = ex.reference_obj()
-        p = parse_caption(_text(out.get(ex.example_id)))
+        p = answer_parser(ex)(_text(out.get(ex.example_id)))
         row = {"example_id": ex.example_id, "episode_id": ex.episode_id,
                "reference": ref.get("caption", ""), "r_cap": 0.0, "judged": False}  # fmt: skip
         if isinstance(p, Rejection):
@@ -182,44 +222,29 @@ def _caption_items(
 
 def _rewarder_items(examples: Sequence[Any], out: dict[str, dict[str, Any]]) -> pd.DataFrame:
     from flora.metrics.reward import rubric_l1
-    from flora.reward.dense import parse_dense
-    from flora.reward.outcome import parse_outcome
-    from flora.reward.rubric import Rubric, parse_rubric
 
     rows = []
     for ex in examples:
         ref = ex.reference_obj()
         o = out.get(ex.example_id)
-        text = _text(o)
+        parsed = answer_parser(ex)(_text(o))  # an unknown task kind raises here
         row: dict[str, Any] = {"example_id": ex.example_id, "episode_id": ex.episode_id,
                                "task_kind": ex.task_kind}  # fmt: skip
         if ex.task_kind == "outcome":
-            k = parse_outcome(text)
             row["ref_score"] = float(ref["score"])
-            if isinstance(k, Rejection):
-                row.update(parsed=False, reason=k.reason)
-            else:
-                e = o.get("expected_score") if o is not None else None
-                e = float(e) if e is not None and np.isfinite(float(e)) else float(k)
-                row.update(parsed=True, reason="", expected_score=e, argmax_score=float(k))
         elif ex.task_kind == "dense":
-            d = parse_dense(text)
             groups = [int(g) for g in ref["groups"]]
-            ref_l = [int(ref["labels"][g - 1]) for g in groups]
-            row["ref_labels"] = ref_l
-            if isinstance(d, Rejection):
-                row.update(parsed=False, reason=d.reason)
-            else:
-                row.update(parsed=True, reason="", labels=[int(d.labels[g - 1]) for g in groups])
-        elif ex.task_kind == "rubric":
-            rub = Rubric.model_validate(ref["rubric"])
-            p = parse_rubric(rub, text)
-            if isinstance(p, Rejection):
-                row.update(parsed=False, reason=p.reason)
-            else:
-                row.update(parsed=True, reason="", rubric_l1=rubric_l1(p, ref["scores"]))
-        else:
-            raise ValueError(f"example {ex.example_id}: unknown rewarder task {ex.task_kind!r}")
+            row["ref_labels"] = [int(ref["labels"][g - 1]) for g in groups]
+        if isinstance(parsed, Rejection):
+            row.update(parsed=False, reason=parsed.reason)
+        elif ex.task_kind == "outcome":
+            e = o.get("expected_score") if o is not None else None
+            e = float(e) if e is not None and np.isfinite(float(e)) else float(parsed)
+            row.update(parsed=True, reason="", expected_score=e, argmax_score=float(parsed))
+        elif ex.task_kind == "dense":
+            row.update(parsed=True, reason="", labels=[int(parsed.labels[g - 1]) for g in groups])
+        else:  # rubric
+            row.update(parsed=True, reason="", rubric_l1=rubric_l1(parsed, ref["scores"]))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -472,16 +497,33 @@ def evaluate_model(
     judge: Any | None = None,
     n_boot: int = 1000,
     seed: int = 0,
+    attempts: int = 1,
 ) -> ModelEval:
-    """Generate with ``backend`` on ``examples`` and score the answers."""
-    outputs = generate_outputs(backend, examples)
+    """Generate with ``backend`` on ``examples`` and score the answers.
+
+    ``attempts`` > 1 scores the answers the engine would keep after its bounded retries
+    (:func:`generate_outputs`); ``info`` then also counts the answers sent and the items
+    whose first (greedy) answer parsed.
+    """
+    outputs = generate_outputs(backend, examples, attempts=attempts)
     res = score_outputs(model, examples, outputs, judge=judge, n_boot=n_boot, seed=seed)
     res.info.update(
         backend=getattr(backend, "name", ""),
         model_version=str(getattr(backend, "model_version", "")),
         backend_errors=int((outputs["error"] != "").sum()),
+        **attempt_counts(outputs, res.items),
     )
     return res
+
+
+def attempt_counts(outputs: pd.DataFrame, items: pd.DataFrame) -> dict[str, int]:
+    """How many answers were sent, and how many items parsed at their first (greedy) one."""
+    parsed = dict(zip(items["example_id"], items["parsed"], strict=True))
+    first = [n == 1 and bool(parsed.get(e)) for e, n in zip(outputs["example_id"],
+             outputs["attempts"], strict=True)]  # fmt: skip
+    return {"attempts": int(outputs["attempts"].max()) if len(outputs) else 0,
+            "answers_sent": int(outputs["attempts"].sum()),
+            "first_answer_parsed": int(sum(first))}  # fmt: skip
 
 
 def metric_key(name: str) -> str:
@@ -578,6 +620,8 @@ __all__ = [
     "backend_for",
     "bootstrap_ci",
     "evaluate_model",
+    "answer_parser",
+    "attempt_counts",
     "generate_outputs",
     "heldout_examples",
     "unseen_heldout",

@@ -19,6 +19,7 @@ from flora.reward.outcome import parse_outcome, parse_outcome_response
 from flora.reward.rubric import Rubric, parse_rubric
 from flora.segment.grammar import REASONS, parse_segments
 from flora.tables import TableStore
+from tests.faults import ScriptedBackend
 from tests.reliability.stub_server import completion, outcome_completion, stub_server
 
 HUGE = "9" * 5000  # int() refuses more than 4,300 digits
@@ -154,21 +155,6 @@ def test_caption_parser_rejects_without_raising(text):
 # --------------------------------------------------------------------------- boundaries
 
 
-class ScriptedBackend:
-    """Answers each request with ``answer(request)`` (an in-process test double)."""
-
-    name = "scripted"
-    model_version = "scripted-1"
-
-    def __init__(self, answer):
-        self.answer = answer
-        self.calls = 0
-
-    def generate(self, requests):
-        self.calls += 1
-        return [VLMResponse(self.answer(r), model=self.name) for r in requests]
-
-
 def test_retries_are_sampled_and_seeded_by_request_and_attempt():
     """A greedy backend repeats a rejected answer word for word: retries sample, with a seed
     from the request id and the attempt, so a rerun sends exactly the same retries."""
@@ -207,6 +193,20 @@ def test_a_raising_parser_rejects_that_answer_only():
     rej = out[1].rejection
     assert rej.kind == "parse" and rej.reason == "parser error: ZeroDivisionError: parser bug"
     assert len(out[1].attempts) == 2  # retried like any rejected answer
+
+
+def test_one_parser_per_request_in_a_mixed_batch():
+    """A mixed batch (the rewarder's outcome and dense items) parses each answer with its own
+    grammar: only the request whose own parser rejects is asked again."""
+    be = ScriptedBackend(lambda r: "score: 4")
+    out = generate_parsed(be, [VLMRequest("o"), VLMRequest("d")],
+                          [lambda r: parse_outcome(r.text), lambda r: parse_dense(r.text)],
+                          max_attempts=2)  # fmt: skip
+    assert out[0].ok and out[0].value == 4 and out[0].attempts == []
+    assert not out[1].ok and len(out[1].attempts) == 2
+    assert be.calls == 2  # the second round re-sent the dense request alone
+    with pytest.raises(ValueError, match="1 parsers for 2 requests"):
+        generate_parsed(be, [VLMRequest("o"), VLMRequest("d")], [parse_outcome], 2)
 
 
 MALFORMED = {

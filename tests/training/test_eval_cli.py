@@ -18,3 +18,7 @@ def test_eval_model_is_registered_and_checks_its_arguments(tmp_path):
         app, ["eval", "model", "--model", "segmenter", "--path", str(tmp_path), "--no-mlflow"]
     )
     assert r.exit_code != 0 and "--set or --dataset" in r.output
+    r = CliRunner().invoke(
+        app, ["eval", "model", "--model", "segmenter", "--path", str(tmp_path), "--attempts", "0"]
+    )
+    assert r.exit_code != 0 and "--attempts" in r.output

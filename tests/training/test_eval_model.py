@@ -13,7 +13,17 @@ from flora.metrics.caption import Judgment
 from flora.parsing import Rejection
 from flora.reward.dense import render_dense
 from flora.reward.rubric import Rubric, render_rubric
-from training.evaluate import bootstrap_ci, metric_key, score_outputs
+from flora.segment.plan import LocalSegment
+from tests.faults import ScriptedBackend
+from training.evaluate import (
+    answer_parser,
+    attempt_counts,
+    bootstrap_ci,
+    evaluate_model,
+    generate_outputs,
+    metric_key,
+    score_outputs,
+)
 from training.sets import Example
 
 
@@ -207,3 +217,50 @@ def test_metric_keys_and_empty_bootstrap():
     assert metric_key("f1@0.5") == "eval.f1_at_0.5"
     assert bootstrap_ci(pd.DataFrame(), lambda d: {}) == {}
     assert math.isnan(float("nan"))
+
+
+def test_each_example_is_parsed_with_its_own_grammar():
+    """The window's own clip length bounds its ticks; the rubric is the example's own."""
+    clipped = ex("c", "segmenter", "segment", "toy/000000", {"n_ticks": 100, "segments": []})
+    assert answer_parser(clipped)("0 100 0 1") == [LocalSegment(0, 100, False, True)]
+    assert "tick_range" in answer_parser(clipped)("0 320 0 1").reason
+    assert answer_parser(SEG[0])("0 320 0 1") == [LocalSegment(0, 320, False, True)]
+    rubric = answer_parser(REW[-1])
+    assert isinstance(rubric(render_rubric(RUB, {"grasp": 0.5, "place": 0.25})), dict)
+    assert isinstance(rubric("grasp: 0.3\nplace: 0.25"), Rejection)  # 0.3 not allowed
+    assert answer_parser(CAP[0])("caption: pick up the cup.") == "pick up the cup."
+    assert isinstance(answer_parser(CAP[0])("pick up the cup."), Rejection)
+    weird = ex("q", "rewarder", "preference", "toy/000000", {})
+    with pytest.raises(ValueError, match="example q: unknown rewarder task 'preference'"):
+        answer_parser(weird)
+
+
+def test_outputs_with_the_engines_retries():
+    """attempts=1 keeps the greedy answer (what the model learnt); attempts=3 re-asks what
+    does not parse, sampled, as the engine's steps do, and counts the answers sent."""
+
+    def answer(r):
+        if r.request_id == "w3":
+            return "garbage"  # never parses
+        return "none" if r.temperature > 0 or r.request_id == "w1" else "0 999 0 0"
+
+    greedy = generate_outputs(ScriptedBackend(answer), SEG)
+    assert greedy["attempts"].tolist() == [1, 1, 1, 1]
+    assert greedy["text"].tolist() == ["0 999 0 0", "none", "0 999 0 0", "garbage"]
+    res = score_outputs("segmenter", SEG, greedy, n_boot=0)
+    assert res.metrics["parse_rate"] == 0.25
+
+    be = ScriptedBackend(answer)
+    kept = generate_outputs(be, SEG, attempts=3)
+    assert kept["attempts"].tolist() == [2, 1, 2, 3]
+    assert kept["text"].tolist() == ["none", "none", "none", "garbage"]
+    assert be.calls == 3  # one batch, then the rejected ones only, twice
+    res = score_outputs("segmenter", SEG, kept, n_boot=0)
+    assert res.metrics["parse_rate"] == 0.75
+    counts = attempt_counts(kept, res.items)
+    assert counts == {"attempts": 3, "answers_sent": 8, "first_answer_parsed": 1}
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        generate_outputs(be, SEG, attempts=0)
+    res = evaluate_model("segmenter", SEG, ScriptedBackend(answer), n_boot=0, attempts=3)
+    assert res.metrics["parse_rate"] == 0.75 and res.info["answers_sent"] == 8
+    assert res.info["first_answer_parsed"] == 1 and res.info["backend"] == "scripted"
