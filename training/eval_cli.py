@@ -98,6 +98,11 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
                     "flora.eval.left_out_seen": str(len(held.left_out)),
                     "flora.eval.attempts": str(attempts)}  # fmt: skip
             num = version if version is not None and version.isdigit() else None
+            if attempts > 1 and num is not None:
+                # The promotion gates read the version's eval.* tags as greedy figures:
+                # retried parse rates go to the run only.
+                typer.echo(f"--attempts {attempts}: version {num}'s eval.* tags left as they were")
+                num = None
             rid = log_eval(res, tags=tags, registered_version=num)
             typer.echo(f"logged to MLflow run {rid}")
         if json_out is not None:

@@ -124,3 +124,26 @@ def test_nothing_half_written_is_logged(tmp_path) -> None:
     )
     with pytest.raises(RegistryError, match="missing or does not match"):
         log_flora_model(tmp_path / "m")
+
+
+def test_retried_eval_never_tags_the_version(registered, seg_set, capsys) -> None:
+    """The promotion gates read a version's eval.* tags as greedy figures: an evaluation
+    through the engine's retries (--attempts 2) logs its run, tagged, and leaves them alone."""
+    from mlflow import MlflowClient
+
+    from flora.cli import app
+    from flora.cli_common import run_app
+    from flora.tracking import configure
+
+    args = ["eval", "model", "--model", "segmenter", "--version", "1", "--set", str(seg_set),
+            "--episodes", "1", "--bootstrap", "0", "--attempts", "2"]  # fmt: skip
+    assert run_app(app, args) == 0
+    out = capsys.readouterr().out
+    assert "--attempts 2: version 1's eval.* tags left as they were" in out
+    configure()
+    c = MlflowClient()
+    tags = c.get_model_version("flora-segmenter", "1").tags
+    assert not [k for k in tags if k.startswith("eval.")]
+    rid = out.split("logged to MLflow run ")[1].split()[0]
+    run = c.get_run(rid)
+    assert run.data.tags["flora.eval.attempts"] == "2" and "eval.parse_rate" in run.data.metrics
