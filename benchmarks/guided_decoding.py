@@ -158,6 +158,7 @@ def main() -> None:
         res[key] = {"metrics": scored.metrics,
                     "intervals": {k: list(v) for k, v in scored.intervals.items()},
                     "codes": dict(codes), "seconds": time.perf_counter() - t0,
+                    "attempts": 1 if guided else args.attempts,
                     **attempt_counts(outs, items)}  # fmt: skip
         if args.model == "segmenter":
             res[key]["by_clip_ticks"] = parse_by_clip(held, items)

@@ -511,6 +511,7 @@ def evaluate_model(
         backend=getattr(backend, "name", ""),
         model_version=str(getattr(backend, "model_version", "")),
         backend_errors=int((outputs["error"] != "").sum()),
+        attempts=attempts,  # the setting; the counts below say what was used
         **attempt_counts(outputs, res.items),
     )
     return res
@@ -521,9 +522,7 @@ def attempt_counts(outputs: pd.DataFrame, items: pd.DataFrame) -> dict[str, int]
     parsed = dict(zip(items["example_id"], items["parsed"], strict=True))
     first = [n == 1 and bool(parsed.get(e)) for e, n in zip(outputs["example_id"],
              outputs["attempts"], strict=True)]  # fmt: skip
-    return {"attempts": int(outputs["attempts"].max()) if len(outputs) else 0,
-            "answers_sent": int(outputs["attempts"].sum()),
-            "first_answer_parsed": int(sum(first))}  # fmt: skip
+    return {"answers_sent": int(outputs["attempts"].sum()), "first_answer_parsed": int(sum(first))}
 
 
 def metric_key(name: str) -> str:
