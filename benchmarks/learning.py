@@ -385,6 +385,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
             gupd["beta"] = args.grpo_beta
         if args.grpo_guided_kl is not None:
             gupd["guided_kl"] = args.grpo_guided_kl
+        if args.grpo_kl_bound is not None:
+            gupd["kl_bound"] = args.grpo_kl_bound
         if args.grpo_guided_share is not None:
             gupd["guided_share"] = args.grpo_guided_share
         upd["grpo"] = recipe.grpo.model_copy(update=gupd)
@@ -694,6 +696,8 @@ def main() -> None:
                     help="Override the recipes' GRPO KL coefficient.")  # fmt: skip
     ap.add_argument("--grpo-guided-kl", choices=("masked", "unmasked"), default=None,
                     help="Override grpo.guided_kl (the KL of guided rollouts).")  # fmt: skip
+    ap.add_argument("--grpo-kl-bound", type=float, default=None,
+                    help="Set grpo.kl_bound (bounded per-token k3 KL; log-ratio).")  # fmt: skip
     ap.add_argument("--grpo-guided-share", type=float, default=None,
                     help="Override grpo.guided_share (guided share of each group; "
                          "--grpo-guided runs default to 1.0: all guided).")  # fmt: skip

@@ -90,13 +90,23 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> tuple[torch.Te
     return adv.to(torch.float32), valid
 
 
-def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, bound: float | None = None) -> torch.Tensor:
     """Per-token k3 estimator of KL(π_θ || π_ref): ``exp(d) - d - 1`` with ``d = ref - logp``.
 
     Non-negative, zero where the two agree, unbiased for the KL under samples from π_θ.
+    Its tail is exponential: one sampled token the policy gives far less probability than
+    the reference (d = 13) weighs e^13 ≈ 4·10^5 and swamps a step's mean. With ``bound``
+    the estimator continues linearly beyond ``d = bound`` with the slope it has there, so
+    value and gradient stay finite and the pull back towards the reference keeps its sign
+    (biased low on those tokens; unchanged everywhere else).
     """
     d = ref_logp - logp
-    return torch.exp(d) - d - 1.0
+    if bound is None:
+        return torch.exp(d) - d - 1.0
+    # exp() only ever sees d <= bound: no inf (and no inf * 0 = NaN in the gradient)
+    inner = torch.clamp(d, max=bound)
+    slope = math.expm1(bound)
+    return torch.exp(inner) - inner - 1.0 + slope * (d - inner)
 
 
 @dataclass
@@ -109,6 +119,9 @@ class LossParts:
     clip_fraction: float
     ratio_mean: float
     objective: float
+    # The largest d = ref - logp over the loss tokens (0 without a reference): a KL spike
+    # carried by one token shows here as a large value beside a small typical KL.
+    log_ratio_max: float = 0.0
 
 
 def grpo_loss(
@@ -122,6 +135,7 @@ def grpo_loss(
     ref_logp: torch.Tensor | None = None,
     n_tokens: int | None = None,
     kl_logp: torch.Tensor | None = None,
+    kl_bound: float | None = None,
 ) -> LossParts:
     """Clipped-ratio GRPO loss with a k3 KL penalty, token-level normalised.
 
@@ -132,7 +146,8 @@ def grpo_loss(
     micro-batches can be backpropagated one by one and their gradients add up to the
     gradient of the step loss (default: ``mask.sum()``). ``beta = 0`` needs no reference.
     ``kl_logp`` is the policy's side of the KL when it is not ``logp`` (guided rollouts with
-    an unmasked KL: ``ref_logp`` is then unmasked too); default ``logp``.
+    an unmasked KL: ``ref_logp`` is then unmasked too); default ``logp``. ``kl_bound``
+    bounds the per-token estimator's log-ratio (:func:`k3_kl`); None keeps plain k3.
 
     A token is "clipped" when the clip removes its gradient: ``ρ > 1 + ε`` with ``A > 0``
     or ``ρ < 1 - ε`` with ``A < 0``.
@@ -151,11 +166,18 @@ def grpo_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a
     objective = torch.minimum(unclipped, clipped)
     per_token = -objective
+    if kl_bound is not None and kl_bound <= 0:
+        raise ValueError(f"kl_bound must be > 0 (a log-ratio), got {kl_bound}")
     kl = torch.zeros_like(logp)
+    log_ratio_max = 0.0
     if beta > 0:
         pol = logp if kl_logp is None else kl_logp
-        kl = k3_kl(pol, ref_logp.detach())  # type: ignore[union-attr]
+        kl = k3_kl(pol, ref_logp.detach(), kl_bound)  # type: ignore[union-attr]
         per_token = per_token + beta * kl
+        with torch.no_grad():
+            on = mask.bool()
+            if bool(on.any()):
+                log_ratio_max = float((ref_logp - pol)[on].max())  # type: ignore[operator]
     if denom <= 0:
         # Nothing to learn from in this step (every group dropped): a zero that still
         # belongs to the graph, so callers can treat it uniformly.
@@ -171,7 +193,9 @@ def grpo_loss(
             "ratio": float((ratio * m).sum() / k) if k else 1.0,
             "obj": float((objective * m).sum() / k) if k else 0.0,
         }
-    return LossParts(loss, int(k), stats["kl"], stats["clip"], stats["ratio"], stats["obj"])
+    return LossParts(
+        loss, int(k), stats["kl"], stats["clip"], stats["ratio"], stats["obj"], log_ratio_max
+    )
 
 
 # --------------------------------------------------------------------------- prompts
@@ -511,6 +535,8 @@ class GRPOConfig:
     probe_episodes: int = 3
     probe_patience: int = 0
     probe_decoding: str = "free"
+    # Bound on the per-token KL estimator's log-ratio (k3_kl); None: plain k3 (DESIGN §3.5)
+    kl_bound: float | None = None
     inner_steps: int = 1  # updates per rollout batch (μ); >1 makes the clip bite
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -530,6 +556,7 @@ class GRPOConfig:
             "temperature": g.temperature,
             "clip_eps": g.clip_eps,
             "beta": g.beta,
+            "kl_bound": g.kl_bound,
             "adv_eps": g.adv_eps,
             "lr": g.lr,
             "max_steps": g.max_steps,
@@ -561,6 +588,8 @@ class GRPOConfig:
             raise ValueError("temperature must be > 0 for rollouts")
         if self.beta < 0 or self.clip_eps <= 0:
             raise ValueError("beta must be >= 0 and clip_eps > 0")
+        if self.kl_bound is not None and self.kl_bound <= 0:
+            raise ValueError(f"kl_bound must be > 0 (a log-ratio) or None, got {self.kl_bound}")
         if self.inner_steps < 1 or self.prompts_per_step < 1 or self.max_steps < 1:
             raise ValueError("inner_steps, prompts_per_step and max_steps must be >= 1")
         if not 0.0 < self.guided_share <= 1.0:
@@ -598,6 +627,8 @@ class StepStats:
     tokens: int
     failed_completions: int
     seconds: float
+    # The largest ref − policy log-ratio over the step's loss tokens (see LossParts)
+    kl_log_ratio_max: float = 0.0
     # Mixed groups only (``guided_share`` < 1): each half on its own, as the pooled mean is
     # dominated by whichever half parses less; NaN (and not logged) otherwise.
     guided_reward_mean: float = math.nan
@@ -708,6 +739,7 @@ def grpo_step(
                 ref[i] = completion_logprobs_pair(reference, e)[1 if raw_kl else 0]
 
     loss_sum = kl_sum = clip_sum = 0.0
+    log_ratio_max = 0.0
     k_sum = 0
     for _ in range(cfg.inner_steps if n_tokens > 0 else 0):
         for i, e in enumerate(encoded):
@@ -726,8 +758,10 @@ def grpo_step(
                 ref_logp=ref[i],
                 n_tokens=n_tokens,
                 kl_logp=raw if raw_kl else None,
+                kl_bound=cfg.kl_bound,
             )
             backward(parts.loss)
+            log_ratio_max = max(log_ratio_max, parts.log_ratio_max)
             loss_sum += float(parts.loss.detach())
             kl_sum += parts.kl * parts.n_tokens
             clip_sum += parts.clip_fraction * parts.n_tokens
@@ -747,6 +781,7 @@ def grpo_step(
         tokens=n_tokens,
         failed_completions=failed,
         seconds=time.perf_counter() - t0,
+        kl_log_ratio_max=log_ratio_max,
         **halves,
     )
 
@@ -1027,7 +1062,8 @@ def train_grpo(
             history.append({"step": step, **stats.metrics()})
             mlf.log_step(step, stats)
             bar.update(1)
-            post = {"reward": f"{stats.reward_mean:.3f}", "parse": f"{stats.parse_rate:.2f}"}
+            post = {"reward": f"{stats.reward_mean:.3f}", "parse": f"{stats.parse_rate:.2f}",
+                    "kl": f"{stats.kl:.3g}"}  # fmt: skip
             if not math.isnan(stats.free_parse_rate):  # mixed groups: the free half's parse
                 post["free_parse"] = f"{stats.free_parse_rate:.2f}"
             if best is not None and (step % cfg.probe_every == 0 or step == cfg.max_steps):

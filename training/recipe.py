@@ -65,6 +65,10 @@ class GRPORecipe(_Strict):
     temperature: float = Field(1.0, gt=0.0)
     clip_eps: float = Field(0.2, gt=0.0)
     beta: float = Field(0.02, ge=0.0)
+    # Bound on the log-ratio d = ref − policy of the per-token k3 KL, beyond which it grows
+    # linearly (training.grpo.k3_kl): one rare sampled token cannot swamp a step. None:
+    # plain k3. docs/training.md ("A bounded KL").
+    kl_bound: float | None = Field(None, gt=0.0)
     normalisation: Literal["token"] = "token"
     adv_eps: float = 1e-4
     lr: float = Field(1e-5, gt=0.0)

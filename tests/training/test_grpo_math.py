@@ -155,3 +155,46 @@ def test_token_normalisation_is_invariant_to_micro_batching():
         total += float(part.loss)
     assert abs(total - float(full.loss)) < 1e-6
     assert torch.allclose(logits.grad, g_full, atol=1e-7)
+
+
+def test_bounded_k3_is_k3_below_the_bound_and_linear_above():
+    c = 3.0
+    d = torch.tensor([-2.0, 0.0, 1.0, c, c + 2.0, 1000.0])
+    logp = torch.zeros_like(d, requires_grad=True)
+    kl = k3_kl(logp, d, bound=c)  # ref - logp = d
+    plain = torch.exp(d[:4]) - d[:4] - 1.0
+    assert torch.allclose(kl[:4], plain, atol=1e-6)  # unchanged up to the bound
+    # beyond it: the value at the bound plus its slope times the excess
+    at_c = math.exp(c) - c - 1.0
+    want = torch.tensor([at_c + math.expm1(c) * 2.0, at_c + math.expm1(c) * (1000.0 - c)])
+    assert torch.allclose(kl[4:], want, rtol=1e-6)
+    kl.sum().backward()
+    # d k3 / d logp = 1 - e^d below the bound; the slope's value, finite, above it
+    g_below = 1.0 - torch.exp(d[:3])
+    assert torch.allclose(logp.grad[:3], g_below, atol=1e-6)
+    assert torch.allclose(logp.grad[4:], torch.full((2,), -math.expm1(c)), rtol=1e-6)
+    assert torch.isfinite(logp.grad).all()
+    # the unbounded estimator overflows on the same token
+    assert not torch.isfinite(k3_kl(torch.zeros(1), torch.tensor([1000.0]))).all()
+
+
+def test_one_rare_token_swamps_plain_k3_but_not_the_bounded_step_kl():
+    """A spike from a single sampled token the policy moved away from (d = 15 among 99
+    tokens where the two agree): the step's mean KL reads ~3·10^4 with plain k3, a few
+    units bounded; the logged max log-ratio names the token either way."""
+    ref = torch.zeros(1, 100)
+    ref[0, 37] = 15.0
+    mask = torch.ones(1, 100)
+    logp = torch.zeros(1, 100)
+    plain = grpo_loss(logp, logp, torch.tensor([0.0]), mask, beta=0.02, ref_logp=ref)
+    bounded = grpo_loss(
+        logp, logp, torch.tensor([0.0]), mask, beta=0.02, ref_logp=ref, kl_bound=3.0
+    )
+    assert plain.kl > 3e4 and bounded.kl < 3.0  # (e^3 - 4 + (e^3 - 1) * 12) / 100 = 2.45
+    assert plain.log_ratio_max == bounded.log_ratio_max == 15.0
+    # masked-out tokens do not count towards the max
+    mask[0, 37] = 0.0
+    hidden = grpo_loss(logp, logp, torch.tensor([0.0]), mask, beta=0.02, ref_logp=ref)
+    assert hidden.log_ratio_max == 0.0 and hidden.kl == 0.0
+    with pytest.raises(ValueError, match="kl_bound"):
+        grpo_loss(logp, logp, torch.tensor([0.0]), mask, beta=0.02, ref_logp=ref, kl_bound=0.0)

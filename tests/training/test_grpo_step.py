@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -127,6 +128,38 @@ def test_all_equal_rewards_make_no_update(engine_and_model):
     after = _lora(engine)
     assert stats.valid_groups == 0 and stats.tokens == 0 and stats.reward_std == 0.0
     assert all(torch.equal(before[n], after[n]) for n in before)
+
+
+def test_the_recipes_kl_bound_reaches_the_steps_kl_and_the_max_log_ratio_is_logged(
+    engine_and_model,
+):
+    """Against a reference that disagrees with the policy, the bounded estimator reads less
+    than plain k3 on the same rollouts, and both log the same largest log-ratio."""
+    engine, processor, cfg, reference = engine_and_model
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    texts = ["0 40 1 1", "none", "0 20 1 0", "10 30 0 1"]
+    stats = {}
+    for bound in (None, 0.1):
+        with single_torch_thread():
+            stats[bound] = grpo_step(
+                1,
+                engine.module,
+                processor,
+                [_prompt(3)],
+                Scripted(texts),
+                dataclasses.replace(cfg, kl_bound=bound),
+                judge=None,
+                reference=reference,
+                backward=lambda loss: None,  # no update: both read the same policy
+                update=lambda: None,
+            )
+    plain, bounded = stats[None], stats[0.1]
+    assert plain.kl_log_ratio_max == pytest.approx(bounded.kl_log_ratio_max)
+    assert plain.kl_log_ratio_max > 0.1
+    assert 0.0 < bounded.kl < plain.kl
+    assert bounded.metrics()["grpo.kl_log_ratio_max"] == bounded.kl_log_ratio_max
 
 
 def test_logprobs_match_the_full_forward_and_the_live_backend_samples(tiny_vlm_dir):

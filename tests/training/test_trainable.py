@@ -217,3 +217,15 @@ def test_the_guided_kl_choice_reaches_the_grpo_config() -> None:
     assert GRPOConfig.from_recipe(r).guided_kl == "unmasked"
     with pytest.raises(ValueError, match="guided_kl"):
         GRPOConfig(guided_kl="full")
+
+
+def test_the_kl_bound_reaches_the_grpo_config() -> None:
+    from training.grpo import GRPOConfig
+
+    assert GRPOConfig.from_recipe(load_recipe("segmenter-small")).kl_bound is None
+    r = load_recipe("segmenter-small", grpo={"kl_bound": 3.0})
+    assert GRPOConfig.from_recipe(r).kl_bound == 3.0
+    with pytest.raises(ValueError, match="kl_bound"):
+        GRPOConfig(kl_bound=0.0)
+    with pytest.raises(ValueError, match="kl_bound"):
+        load_recipe("segmenter-small", grpo={"kl_bound": -1.0})
