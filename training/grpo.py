@@ -103,6 +103,8 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, bound: float | None = None
     d = ref_logp - logp
     if bound is None:
         return torch.exp(d) - d - 1.0
+    if bound <= 0:  # the slope e^c - 1 would pull the wrong way
+        raise ValueError(f"kl_bound must be > 0 (a log-ratio), got {bound}")
     # exp() only ever sees d <= bound: no inf (and no inf * 0 = NaN in the gradient)
     inner = torch.clamp(d, max=bound)
     slope = math.expm1(bound)
@@ -166,8 +168,6 @@ def grpo_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a
     objective = torch.minimum(unclipped, clipped)
     per_token = -objective
-    if kl_bound is not None and kl_bound <= 0:
-        raise ValueError(f"kl_bound must be > 0 (a log-ratio), got {kl_bound}")
     kl = torch.zeros_like(logp)
     log_ratio_max = 0.0
     if beta > 0:
@@ -627,7 +627,8 @@ class StepStats:
     tokens: int
     failed_completions: int
     seconds: float
-    # The largest ref − policy log-ratio over the step's loss tokens (see LossParts)
+    # The largest ref − policy log-ratio over the step's loss tokens (see LossParts),
+    # floored at 0: a step where no token lost probability against the reference reads 0
     kl_log_ratio_max: float = 0.0
     # Mixed groups only (``guided_share`` < 1): each half on its own, as the pooled mean is
     # dominated by whichever half parses less; NaN (and not logged) otherwise.
