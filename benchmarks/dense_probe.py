@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -55,6 +56,24 @@ def label_positions(target: str, tokenizer) -> list[tuple[int, int]]:
     return out
 
 
+@torch.no_grad()
+def failure_probs(model: Any, processor: Any, ex: Any) -> list[float]:
+    """Teacher-forced P("1") at each of the 32 group labels of dense example ``ex``: the
+    model reads the reference answer up to ``g: `` and we take the label token's mass."""
+    from training.sft import collate, encode_items
+
+    one = processor.tokenizer.convert_tokens_to_ids("1")
+    item = encode_items([ex], processor)[0]
+    batch = collate([item], processor)
+    logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]
+    n = item.n_target
+    # logits at position t predict token t + 1; the target is the sequence's suffix
+    return [
+        float(torch.softmax(logits[-n - 1 + tok].float(), -1)[one])
+        for tok, _ in label_positions(ex.target, processor.tokenizer)
+    ]
+
+
 def probe(
     model_dir: Path, set_dir: Path, episodes: int, split: str = "heldout"
 ) -> dict[str, list[float]]:
@@ -66,14 +85,13 @@ def probe(
     from flora.backends.processing import load_processor
     from training.evaluate import heldout_examples
     from training.sets import load_set
-    from training.sft import collate, encode_items, model_paths
+    from training.sft import model_paths
 
     path, adapter = model_paths(model_dir)
     if adapter is not None:
         raise SystemExit(f"{model_dir}: a PEFT adapter; the rewarder is full-weight")
     proc = load_processor(path, "images")
     model = AutoModelForImageTextToText.from_pretrained(str(path)).eval()
-    one = proc.tokenizer.convert_tokens_to_ids("1")
     if split == "train":
         rows = [e for e in load_set(set_dir, split="train") if e.model == "rewarder"]
         keep = sorted({e.episode_id for e in rows})[:episodes]
@@ -83,17 +101,10 @@ def probe(
                 if e.task_kind == "dense"]  # fmt: skip
     got: dict[str, list[float]] = {k: [] for k in KINDS}
     for ex in held:
-        item = encode_items([ex], proc)[0]
-        batch = collate([item], proc)
-        with torch.no_grad():
-            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]
-        n = item.n_target
         labels = label_positions(ex.target, proc.tokenizer)
         window_fails = any(lab == 1 for _, lab in labels)
         prev = 3
-        for tok, lab in labels:
-            # logits at position t predict token t + 1; the target is the sequence's suffix
-            p1 = float(torch.softmax(logits[-n - 1 + tok].float(), -1)[one])
+        for p1, (_, lab) in zip(failure_probs(model, proc, ex), labels, strict=True):
             if lab == 1:
                 kind = "failure, continued" if prev == 1 else "failure, first"
             elif lab == 3:
