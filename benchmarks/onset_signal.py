@@ -260,15 +260,18 @@ def main() -> None:
     for name, frames_of in stages.items():
         per_tr = [frames_of(ex.to_request().images) for ex in tqdm(train, desc=name)]
         per_te = [frames_of(ex.to_request().images) for ex in tqdm(held, desc=f"{name}, held")]
-        sample = np.concatenate(per_tr)
-        sample = sample[rng.choice(len(sample), size=min(6000, len(sample)), replace=False)]
-        red = frame_reducer(sample)
+        # Gather the PCA sample frame by frame: concatenating every training frame first
+        # doubled the peak memory of the model-input stage (~4 GB of patches).
+        where = [(w, i) for w, f in enumerate(per_tr) for i in range(len(f))]
+        pick = rng.choice(len(where), size=min(6000, len(where)), replace=False)
+        red = frame_reducer(np.stack([per_tr[where[k][0]][where[k][1]] for k in pick]))
 
         def feats(per: list[np.ndarray], exs: Sequence[Any], red: Any = red) -> np.ndarray:
             return np.concatenate([group_features(red.transform(f), ex.reference_obj()["groups"])
                                    for f, ex in zip(per, exs, strict=True)])  # fmt: skip
 
         x_tr, x_te = feats(per_tr, train)[f_tr], feats(per_te, held)[f_te]
+        del per_tr, per_te
         for kind in ("linear", "mlp"):
             scores[f"{name}, {kind}"] = readout(x_tr, y_tr[f_tr], x_te, kind)
 
