@@ -138,6 +138,10 @@ def ranked(
     from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
 
     y = np.asarray(y, bool)
+    if y.all() or not y.any():
+        raise ValueError(
+            f"ranking needs onsets and other groups; got {int(y.sum())} onsets in {len(y)} groups"
+        )
     rng = np.random.default_rng(seed)
     by_ep = {e: np.flatnonzero(episodes == e) for e in np.unique(episodes)}
     keys = np.array(sorted(by_ep))
@@ -147,6 +151,8 @@ def ranked(
         if y[m].any() and not y[m].all():
             aucs.append(roc_auc_score(y[m], score[m]))
             aps.append(average_precision_score(y[m], score[m]))
+    if not aucs:
+        raise ValueError("no bootstrap resample of the episodes holds both classes")
     prec, rec, _ = precision_recall_curve(y, score)
     return {
         "auc": float(roc_auc_score(y, score)),
@@ -159,18 +165,25 @@ def ranked(
     }
 
 
-def _windows(examples: Sequence[Any]) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
-    """Group rows (with episode ids and the window's position features) of dense examples."""
-    last: dict[str, int] = {}
+def windows_per_episode(examples: Sequence[Any]) -> dict[str, int]:
+    """Dense windows of each episode among ``examples`` (last window index + 1)."""
+    out: dict[str, int] = {}
     for ex in examples:
-        w = ex.reference_obj()["window"]
-        last[ex.episode_id] = max(last.get(ex.episode_id, 0), w)
+        out[ex.episode_id] = max(out.get(ex.episode_id, 0), ex.reference_obj()["window"] + 1)
+    return out
+
+
+def _windows(
+    examples: Sequence[Any], n_windows: dict[str, int]
+) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Group rows (with episode ids and the window's position features) of dense examples;
+    ``n_windows`` counts from the whole split, so a subset keeps the true final window."""
     rows, pos = [], []
     for ex in examples:
         ref = ex.reference_obj()
         for r in group_rows(ref):
             rows.append({**r, "episode": ex.episode_id})
-        pos.append(position_features(ref, last[ex.episode_id] + 1))
+        pos.append(position_features(ref, n_windows[ex.episode_id]))
     return rows, pos
 
 
@@ -214,19 +227,25 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    # One BLAS thread for the readers: idle BLAS workers spinning beside torch's threads
-    # slowed the model's forward passes tenfold on 2 cores.
+    # The readers run on one BLAS thread, as in the documented runs; torch keeps --threads.
     threadpool_limits(1, user_api="blas")
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
     rng = np.random.default_rng(0)
     train = load_set(args.set, split="train", kinds=["dense"])
+    n_windows = windows_per_episode(train)
     if args.train_windows is not None and args.train_windows < len(train):
         keep = sorted(rng.choice(len(train), size=args.train_windows, replace=False))
         train = [train[i] for i in keep]
     held = [e for e in unseen_heldout("rewarder", args.set, args.model_dir).examples
             if e.task_kind == "dense"]  # fmt: skip
+    if not train or not held:
+        raise SystemExit(
+            f"{args.set}: {len(train)} training and {len(held)} held-out dense windows that "
+            f"{args.model_dir} never trained on; both are needed"
+        )
+    n_windows |= windows_per_episode(held)
     print(f"{len(train)} training windows, {len(held)} held-out windows", flush=True)
 
     stages: dict[str, Any] = {"pixels, render (1/4)": block_mean}
@@ -240,8 +259,8 @@ def main() -> None:
             [t.reshape(-1) for t in token_vectors(vm, vp, fr)]
         )
 
-    rows_tr, pos_tr = _windows(train)
-    rows_te, pos_te = _windows(held)
+    rows_tr, pos_tr = _windows(train, n_windows)
+    rows_te, pos_te = _windows(held, n_windows)
     y_tr = np.array([r["onset"] for r in rows_tr])
     y_te = np.array([r["onset"] for r in rows_te])
     f_tr = np.array([r["fresh"] for r in rows_tr])

@@ -75,6 +75,37 @@ def test_ranked_scores_a_perfect_and_a_reversed_ranking_with_intervals() -> None
     assert 0.0 <= bad["ap_ci"][0] <= bad["ap"] <= bad["ap_ci"][1] <= 1.0
 
 
+def test_ranking_without_both_classes_is_a_clear_error() -> None:
+    osig = load_benchmark("onset_signal")
+    eps = np.array(["a", "b", "c"])
+    with pytest.raises(ValueError, match="got 0 onsets in 3 groups"):
+        osig.ranked(np.zeros(3, bool), np.arange(3.0), eps, n_boot=10)
+    # no resamples at all: no interval to give
+    with pytest.raises(ValueError, match="no bootstrap resample"):
+        osig.ranked(np.array([1, 0, 0], bool), np.arange(3.0), np.array(["a", "b", "c"]),
+                    n_boot=0)  # fmt: skip
+
+
+class _Dense:
+    def __init__(self, episode_id: str, window: int, groups: range) -> None:
+        self.episode_id = episode_id
+        self._ref = _ref([3] * 32, groups, window)
+
+    def reference_obj(self) -> dict:
+        return self._ref
+
+
+def test_the_final_window_flag_comes_from_the_whole_split_not_a_subset() -> None:
+    osig = load_benchmark("onset_signal")
+    split = [_Dense("e1", 0, range(1, 25)), _Dense("e1", 1, range(1, 25)),
+             _Dense("e1", 2, range(1, 9)), _Dense("e2", 0, range(1, 13))]  # fmt: skip
+    n = osig.windows_per_episode(split)
+    assert n == {"e1": 3, "e2": 1}
+    rows, pos = osig._windows(split[1:2], n)  # a subset without e1's last window
+    assert len(rows) == 24 and rows[0]["episode"] == "e1"
+    assert (pos[0][:, 33] == 0).all()  # window 1 of 3 is not final, though last in the subset
+
+
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
 def test_a_reader_finds_a_rare_class_that_one_feature_separates(kind: str) -> None:
     osig = load_benchmark("onset_signal")
