@@ -473,12 +473,13 @@ def backend_for(
     ``guided``: decode within each request's grammar regex (as a served model with
     structured outputs does); off, the model's free answers are measured.
     """
+    from flora.backends.processing import TRAINING_VISION_INPUT
     from flora.backends.transformers_backend import TransformersBackend
     from training.sft import model_paths
 
     model_path, adapter = model_paths(path)
     return TransformersBackend(model_path, adapter_path=adapter, device=device,
-                               batch_size=batch_size, vision_input="images",
+                               batch_size=batch_size, vision_input=TRAINING_VISION_INPUT,
                                guided=guided)  # fmt: skip
 
 

@@ -317,6 +317,7 @@ class LivePolicyBackend:
 
     def __init__(self, model: torch.nn.Module, processor: Any, *, batch_size: int = 16,
                  seed: int | None = None, guided: bool = False) -> None:  # fmt: skip
+        from flora.backends.processing import TRAINING_VISION_INPUT
         from flora.backends.transformers_backend import TransformersBackend
 
         inner = TransformersBackend.__new__(TransformersBackend)
@@ -324,7 +325,7 @@ class LivePolicyBackend:
         inner.adapter_path = None
         inner.processor = processor
         inner.tokenizer = processor.tokenizer
-        inner.vision_input = "images"
+        inner.vision_input = TRAINING_VISION_INPUT  # rollouts see what SFT trained on
         p = next(model.parameters())
         inner.device, inner.dtype = p.device, p.dtype
         inner.batch_size = batch_size

@@ -290,11 +290,12 @@ def evaluate(
         flat = flat_metrics(res)
         base_flat: dict[str, float] = {}
         if baseline:
+            from flora.backends.processing import TRAINING_VISION_INPUT
             from flora.backends.transformers_backend import TransformersBackend
             from training.sizes import resolve_base
 
             base_dir = resolve_base(r.base, seed=r.base_seed, max_pixels=r.max_pixels)
-            base = TransformersBackend(base_dir, device="auto", vision_input="images")
+            base = TransformersBackend(base_dir, device="auto", vision_input=TRAINING_VISION_INPUT)
             base_res = evaluate_model(model, examples, base, judge=judge, n_boot=n_boot)
             base_flat = flat_metrics(base_res)
         report = {

@@ -51,15 +51,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from flora.backends.processing import MODEL_FORMAT, MODEL_MANIFEST, TRAINING_VISION_INPUT
 from training.recipe import Recipe, load_recipe
 from training.sets import Example, SetError, load_set, read_manifest, set_failures
 
 END = "<|im_end|>"
 IGNORE = -100
 CHECKPOINT_MANIFEST = "flora_checkpoint.json"
-MODEL_MANIFEST = "flora_model.json"
 CHECKPOINT_FORMAT = "flora-sft-checkpoint/1"
-MODEL_FORMAT = "flora-model/1"
 DEEPSPEED_DIR = Path(__file__).resolve().parent / "deepspeed"
 
 # Parameter-name prefixes of each trainable module key (Qwen2.5-VL / Qwen3-VL / Qwen3.5
@@ -225,7 +224,7 @@ def encode_items(examples: Sequence[Example], processor: Any) -> list[Item]:
 
     items = []
     for ex in examples:
-        chat = request_to_chat(ex.to_request(), "images")
+        chat = request_to_chat(ex.to_request(), TRAINING_VISION_INPUT)
         text = render_prompt(processor, chat) + ex.target + END
         ids = processor.tokenizer(ex.target + END, add_special_tokens=False)["input_ids"]
         items.append(Item(ex.example_id, text, chat.images(), list(ids)))
@@ -924,6 +923,8 @@ def _export(
             "set": str(set_path),
             "set_manifest": read_manifest(set_path),
             "git_commit": _git_commit(),
+            # Served the way it was trained (flora.backends.processing.trained_vision_input).
+            "vision_input": TRAINING_VISION_INPUT,
         }
         if init is not None:
             man["init_from"] = {**init.lineage(), **init.ancestry}

@@ -35,6 +35,15 @@ from flora.backends.base import VLMRequest
 
 US_PER_S = 1_000_000
 
+#: File and format of an exported Flora model's manifest (written by ``training.sft``).
+MODEL_MANIFEST = "flora_model.json"
+MODEL_FORMAT = "flora-model/1"
+#: How Flora's trainers render frames (SFT targets and GRPO rollouts alike): stamped images,
+#: what the OpenAI wire carries and the only mode this CPU environment has. A model is
+#: served the way it was trained (:func:`trained_vision_input`).
+TRAINING_VISION_INPUT = "images"
+VISION_INPUTS = ("images", "video")
+
 
 class RequestError(ValueError):
     """A request that cannot be turned into model input (bad frames, bad data URL…)."""
@@ -416,12 +425,49 @@ def load_processor(path: str | Path, vision_input: str = "auto"):
     return proc
 
 
+def trained_vision_input(*paths: str | Path | None) -> str | None:
+    """How the exported Flora model holding ``paths`` saw frames in training, or None.
+
+    ``paths``: a backend's model and adapter paths; the export's manifest sits in the path
+    or its parent (``<export>/model``, ``<export>/adapter``, ``<export>/base``). None for a
+    checkpoint that is not a Flora export (a hub id, a raw base), which keeps the
+    processor's own choice. An export written before the manifest recorded the field was
+    trained on images (the trainers have only ever rendered images). A manifest that does
+    not read, or names another input, is a :class:`RequestError` naming file and field.
+    """
+    for p in paths:
+        if p is None or not Path(p).exists():
+            continue
+        here = Path(p)
+        for d in (here, here.parent):
+            f = d / MODEL_MANIFEST
+            if not f.is_file():
+                continue
+            try:
+                man = json.loads(f.read_text())
+            except (OSError, ValueError) as e:
+                raise RequestError(f"{f}: not a readable model manifest ({e})") from None
+            if not isinstance(man, dict) or man.get("format") != MODEL_FORMAT:
+                continue
+            got = man.get("vision_input", TRAINING_VISION_INPUT)
+            if got not in VISION_INPUTS:
+                raise RequestError(
+                    f"{f}: field 'vision_input' is {got!r}, not one of {VISION_INPUTS}"
+                )
+            return str(got)
+    return None
+
+
 def supports_video(processor: Any) -> bool:
     """Whether ``processor`` can take frames as one timestamped video."""
     return getattr(processor, "video_processor", None) is not None
 
 
 __all__ = [
+    "MODEL_FORMAT",
+    "MODEL_MANIFEST",
+    "TRAINING_VISION_INPUT",
+    "VISION_INPUTS",
     "Chat",
     "RequestError",
     "chat_to_openai_messages",
@@ -433,5 +479,6 @@ __all__ = [
     "request_to_chat",
     "stamp",
     "supports_video",
+    "trained_vision_input",
     "validate_request",
 ]

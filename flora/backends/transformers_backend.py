@@ -38,6 +38,7 @@ from flora.backends.processing import (
     render_prompt,
     request_to_chat,
     supports_video,
+    trained_vision_input,
 )
 
 log = logging.getLogger(__name__)
@@ -184,7 +185,8 @@ class TransformersBackend:
 
     ``model_path``: local dir or hub id. ``adapter_path``: optional PEFT adapter (merged
     into the weights after loading unless ``merge_adapter=False``). ``vision_input``:
-    ``"auto"`` (video with timestamps when the processor supports it and the request has
+    ``"auto"`` (a Flora export: the input it was trained on, from its manifest; any other
+    checkpoint: video with timestamps when the processor supports it and the request has
     timestamps, else stamped images), ``"images"`` or ``"video"``. ``guided``: enforce each
     request's grammar regex (``VLMRequest.guided_regex``) token by token with the same mask
     ``flora serve`` applies (:func:`~flora.backends.guided.make_mask`), so in-process answers
@@ -221,6 +223,10 @@ class TransformersBackend:
         self.seed = seed
         self.show_progress = show_progress
         self.set_guided(guided)
+        if vision_input == "auto":
+            # A Flora export is served the way it was trained, whatever this host's
+            # processor could do; any other checkpoint keeps the processor's choice.
+            vision_input = trained_vision_input(self.adapter_path, self.model_path) or "auto"
         local, revision = resolve_local(self.model_path)
         self.local_path = local
         self.processor = load_processor(local, vision_input)

@@ -48,6 +48,17 @@ def test_three_flora_models_on_gpus_with_the_seeds_bases(objs):
         assert p["securityContext"]["runAsNonRoot"] is True
 
 
+def test_pipelines_send_frames_the_way_the_models_were_trained(objs):
+    from flora.backends.processing import TRAINING_VISION_INPUT
+
+    _, items = objs
+    (env,) = [o for o in items if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"] == "flora-pipeline-env"]  # fmt: skip
+    # vLLM reads a video_url as Qwen's video layout; Flora's trainers render stamped images.
+    assert TRAINING_VISION_INPUT == "images"
+    assert env["data"]["FLORA_OPENAI_VIDEO"] == "off"
+
+
 def test_overlays_differ_where_they_should():
     dev, prod = build_overlay("dev"), build_overlay("prod")
     assert {o["metadata"].get("namespace") for o in dev if o["kind"] != "Namespace"} == {

@@ -24,7 +24,8 @@ def test_train_sft_trains_then_refuses_bad_init_weights(
     assert code == 0, cap.err
     res = json.loads(cap.out.strip().splitlines()[-1])
     assert res["steps"] == 1
-    assert (out / "model" / "flora_model.json").is_file()
+    man = json.loads((out / "model" / "flora_model.json").read_text())
+    assert man["vision_input"] == "images"  # served as trained (trained_vision_input)
 
     # Weights that are not a Flora export: refused before training, named, no traceback.
     rec.write_text(yaml.safe_dump({**recipe, "base": str(tiny_base), "init_from": str(tmp_path)}))
