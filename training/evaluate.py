@@ -473,14 +473,13 @@ def backend_for(
     ``guided``: decode within each request's grammar regex (as a served model with
     structured outputs does); off, the model's free answers are measured.
     """
-    from flora.backends.processing import TRAINING_VISION_INPUT
     from flora.backends.transformers_backend import TransformersBackend
     from training.sft import model_paths
 
     model_path, adapter = model_paths(path)
+    # No vision_input: the export's manifest says how it was trained (trained_vision_input).
     return TransformersBackend(model_path, adapter_path=adapter, device=device,
-                               batch_size=batch_size, vision_input=TRAINING_VISION_INPUT,
-                               guided=guided)  # fmt: skip
+                               batch_size=batch_size, guided=guided)  # fmt: skip
 
 
 def registered_model_dir(model: str, version: int | str) -> Path:

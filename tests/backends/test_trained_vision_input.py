@@ -91,3 +91,23 @@ def test_auto_serves_an_export_as_trained_where_video_is_available(
     with pytest.raises(RuntimeError, match="video processor was asked for"):
         TransformersBackend(raw, device="cpu")
     assert asked == [str(raw)]
+
+
+def test_evaluation_loads_an_export_as_trained(tiny_vlm_dir, tmp_path, monkeypatch):
+    import hashlib
+
+    from training.evaluate import backend_for
+
+    root = tmp_path / "export"
+    shutil.copytree(tiny_vlm_dir(), root / "model")
+    files = {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+    man = {"format": MODEL_FORMAT, "model": "captioner", "kind": "full", "files": files}
+    (root / MODEL_MANIFEST).write_text(json.dumps(man))
+
+    def video_processor(*a, **k):
+        pytest.fail("the video processor was asked for")
+
+    monkeypatch.setattr(transformers.utils, "is_torchvision_available", lambda: True)
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", video_processor)
+    assert backend_for(root).vision_input == "images"
