@@ -106,6 +106,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--decoding", choices=("both", "free", "guided"), default="both",
                     help="free only is the quick check of what a model learnt")  # fmt: skip
+    ap.add_argument("--unseen-by", type=Path, action="append", default=[],
+                    help="another exported model whose lineage is left out too, so models of "
+                    "different lineages are scored on the same items (repeatable)")  # fmt: skip
     ap.add_argument("--attempts", type=int, default=1,
                     help="free answers per item: 1 the greedy answer alone; the engine's 3 "
                     "re-asks an answer that does not parse, sampled")  # fmt: skip
@@ -119,16 +122,19 @@ def main() -> None:
         backend_for,
         generate_outputs,
         heldout_examples,
+        lineages_seen,
         score_outputs,
         unseen_heldout,
     )
 
     # A continued model is not scored on what its lineage trained on (training.lineage).
     if args.model_dir is not None:
-        unseen = unseen_heldout(args.model, args.set, args.model_dir, limit=args.episodes)
+        unseen = unseen_heldout(args.model, args.set, args.model_dir, limit=args.episodes,
+                                also_unseen_by=args.unseen_by)  # fmt: skip
         held, left_out = unseen.examples, unseen.left_out
     else:  # a checkpoint of a from-scratch run: its own set's split is its lineage
-        held, left_out = heldout_examples(args.model, args.set, limit=args.episodes), []
+        left_out = sorted(lineages_seen(args.model, args.set, args.unseen_by))
+        held = heldout_examples(args.model, args.set, limit=args.episodes, exclude=left_out)
     if not all(e.guided_regex for e in held):
         raise SystemExit(f"{args.set}: built before sets stored guided_regex; rebuild it")
     if args.checkpoint is not None:
@@ -172,8 +178,10 @@ def main() -> None:
                 "model": args.model,
                 "source": source,
                 "episodes": sorted({e.episode_id for e in held}),
-                # held-out episodes not scored: the model's lineage trained on them
+                # held-out episodes not scored: the model's lineage (or --unseen-by's)
+                # trained on them
                 "left_out_seen": left_out,
+                "unseen_by": [str(p) for p in args.unseen_by],
                 **res,
             },
             indent=2,

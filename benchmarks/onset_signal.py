@@ -1,7 +1,8 @@
 """Is a failure's onset visible in what the small rewarder reads?  (not a test)
 
     python benchmarks/onset_signal.py --set SET --model-dir RUN/model --out OUT \
-        [--vision small] [--train-windows 600] [--threads 2]
+        [--vision small] [--train-windows 600] [--threads 2] \
+        [--model-only] [--unseen-by OTHER/model]
 
 The small rewarder declares failures it cannot place (`docs/benchmarks.md`): its free
 answers say ``worst: 1`` over 32 normal groups. This asks whether the 0.5 s group where a
@@ -22,6 +23,10 @@ positives are failure onsets. Stages:
   (default: the scored model) — what the language model receives;
 * ``the model's P(1)``: the rewarder itself, teacher-forced on the reference answer
   (``benchmarks/dense_probe.py``), no reader fit.
+
+``--model-only`` keeps the model's own P(1) and the position reader alone (minutes, not
+ten): enough to compare models, which ``--unseen-by`` ranks on the same groups when their
+lineages differ (one trained over the released captioner, one from scratch).
 
 Each stage is read by a linear reader (logistic regression) and a small MLP. AUC and
 average precision (AP; a random ranking scores the onset rate) come with 95 % intervals
@@ -224,6 +229,14 @@ def main() -> None:
     ap.add_argument("--size", default="small", help="the size whose pixel budget applies")
     ap.add_argument("--train-windows", type=int, default=None, help="cap (random subset)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--unseen-by", type=Path, action="append", default=[],
+                    help="another exported model whose lineage is left out too, so models of "
+                    "different lineages are ranked on the same groups (repeatable)")  # fmt: skip
+    ap.add_argument(
+        "--model-only",
+        action="store_true",
+        help="only the model's own P(1) (and position): no pixel or token readers",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -238,8 +251,8 @@ def main() -> None:
     if args.train_windows is not None and args.train_windows < len(train):
         keep = sorted(rng.choice(len(train), size=args.train_windows, replace=False))
         train = [train[i] for i in keep]
-    held = [e for e in unseen_heldout("rewarder", args.set, args.model_dir).examples
-            if e.task_kind == "dense"]  # fmt: skip
+    unseen = unseen_heldout("rewarder", args.set, args.model_dir, also_unseen_by=args.unseen_by)
+    held = [e for e in unseen.examples if e.task_kind == "dense"]
     if not train or not held:
         raise SystemExit(
             f"{args.set}: {len(train)} training and {len(held)} held-out dense windows that "
@@ -248,12 +261,14 @@ def main() -> None:
     n_windows |= windows_per_episode(held)
     print(f"{len(train)} training windows, {len(held)} held-out windows", flush=True)
 
-    stages: dict[str, Any] = {"pixels, render (1/4)": block_mean}
-    _, size_proc = load_vision(args.size)
-    stages["pixels, model input"] = lambda fr: np.stack(
-        [p.reshape(-1) for p in processed(fr, size_proc)]
-    )
-    for spec in args.vision or [str(args.model_dir)]:
+    stages: dict[str, Any] = {}
+    if not args.model_only:
+        stages["pixels, render (1/4)"] = block_mean
+        _, size_proc = load_vision(args.size)
+        stages["pixels, model input"] = lambda fr: np.stack(
+            [p.reshape(-1) for p in processed(fr, size_proc)]
+        )
+    for spec in [] if args.model_only else args.vision or [str(args.model_dir)]:
         vm, vp = load_vision(spec)
         stages[f"visual tokens, {spec}"] = lambda fr, vm=vm, vp=vp: np.stack(
             [t.reshape(-1) for t in token_vectors(vm, vp, fr)]
@@ -297,6 +312,7 @@ def main() -> None:
     yt, et = y_te[f_te], ep_te[f_te]
     result: dict[str, Any] = {
         "set": str(args.set), "model_dir": str(args.model_dir),
+        "unseen_by": [str(p) for p in args.unseen_by], "left_out_seen": unseen.left_out,
         "train_windows": len(train), "heldout_windows": len(held),
         "heldout_episodes": len(set(ep_te.tolist())), "onset_rate": float(yt.mean()),
         "readers": {}, "seconds": 0.0,

@@ -421,6 +421,20 @@ class HeldOut:
     lineage: str  # "known", or "unknown: <why>" (scored on the set's split alone)
 
 
+def lineages_seen(model: str, set_path: str | Path, model_dirs: Sequence[str | Path]) -> set[str]:
+    """Held-out ``model`` episodes of the set that any of ``model_dirs`` (or a model one
+    was continued from, or its base) trained on. Raises :class:`~training.sft.TrainingError`
+    when a lineage cannot be read."""
+    from training.lineage import seen_in
+
+    every = heldout_examples(model, set_path)
+    seen: set[str] = set()
+    for dataset in sorted({e.dataset for e in every}):
+        for d in model_dirs:
+            seen |= seen_in(d, dataset)
+    return seen & {e.episode_id for e in every}
+
+
 def unseen_heldout(
     model: str,
     set_path: str | Path,
@@ -428,24 +442,27 @@ def unseen_heldout(
     *,
     limit: int | None = None,
     allow_unknown_lineage: bool = False,
+    also_unseen_by: Sequence[str | Path] = (),
 ) -> HeldOut:
     """The set's held-out ``model`` examples, less every episode the model at ``model_dir``
     or a model it was continued from trained on (:func:`training.lineage.seen_in`, per
     dataset of the examples).
 
+    ``also_unseen_by``: other exported models whose lineage is left out too, so that
+    models with different lineages (one over a trained base, one from scratch) are scored
+    on the same items.
+
     When that lineage cannot be read (an ancestor not on this machine, a set that listed
     no episodes) it raises :class:`~training.sft.TrainingError`, unless
     ``allow_unknown_lineage``: then the set's split alone is used and ``lineage`` says why.
     """
-    from training.lineage import seen_in
     from training.sft import TrainingError
 
     every = heldout_examples(model, set_path)
     seen: set[str] = set()
     lineage = "known"
     try:
-        for dataset in sorted({e.dataset for e in every}):
-            seen |= seen_in(model_dir, dataset)
+        seen = lineages_seen(model, set_path, (model_dir, *also_unseen_by))
     except TrainingError as e:
         if not allow_unknown_lineage:
             raise TrainingError(
@@ -455,8 +472,9 @@ def unseen_heldout(
         seen, lineage = set(), f"unknown: {e}"
     unseen = [e for e in every if e.episode_id not in seen]
     if not unseen:
+        others = f" and {', '.join(map(str, also_unseen_by))}" if also_unseen_by else ""
         raise ValueError(
-            f"set {set_path}: the model at {model_dir} (or one it was continued from) "
+            f"set {set_path}: the model at {model_dir}{others} (or one continued from) "
             f"trained on every held-out {model} episode"
         )
     left_out = sorted({e.episode_id for e in every} & seen)
@@ -624,6 +642,7 @@ __all__ = [
     "generate_outputs",
     "heldout_examples",
     "unseen_heldout",
+    "lineages_seen",
     "HeldOut",
     "log_eval",
     "metric_key",

@@ -11,7 +11,7 @@ import pytest
 from flora.cli import app
 from flora.cli_common import run_app
 from tests.training.helpers import mini_examples, write_set
-from training.evaluate import heldout_examples, unseen_heldout
+from training.evaluate import heldout_examples, lineages_seen, unseen_heldout
 from training.lineage import same_world_ids, trained_episodes
 from training.sft import TrainingError
 
@@ -90,6 +90,29 @@ def test_unseen_heldout_leaves_out_the_lineage_and_refuses_an_unknown_one(tmp_pa
     every = _export(tmp_path / "every", ["mini/000004", "mini/000005", "mini/000006"])
     with pytest.raises(ValueError, match="trained on every held-out captioner episode"):
         unseen_heldout("captioner", s, every)
+
+
+def test_unseen_heldout_also_leaves_out_another_models_lineage(tmp_path):
+    """Two models of different lineages are scored on the same items."""
+    s = write_set(tmp_path / "set", mini_examples(n_heldout=3))
+    scratch = _export(tmp_path / "scratch", ["mini/000000"])  # saw no held-out episode
+    base = _export(tmp_path / "base", ["mini/000005"])
+    over_base = _export(tmp_path / "over_base", ["mini/000001"], init_from=base)
+    alone = unseen_heldout("captioner", s, scratch)
+    assert alone.left_out == [] and len({e.episode_id for e in alone.examples}) == 3
+    both = unseen_heldout("captioner", s, scratch, also_unseen_by=[over_base])
+    mirrored = unseen_heldout("captioner", s, over_base, also_unseen_by=[scratch])
+    assert both.left_out == mirrored.left_out == ["mini/000005"]
+    ids = [e.example_id for e in both.examples]
+    assert ids == [e.example_id for e in mirrored.examples] and ids
+    assert {e.episode_id for e in both.examples} == {"mini/000004", "mini/000006"}
+    assert lineages_seen("captioner", s, [scratch, over_base]) == {"mini/000005"}
+    every = _export(tmp_path / "every", ["mini/000004", "mini/000006"])
+    with pytest.raises(ValueError, match=r"every.*trained on every held-out captioner episode"):
+        unseen_heldout("captioner", s, scratch, also_unseen_by=[over_base, every])
+    shutil.rmtree(base)  # the other model's lineage is lost: refused as the model's own is
+    with pytest.raises(TrainingError, match="allow-unknown-lineage"):
+        unseen_heldout("captioner", s, scratch, also_unseen_by=[over_base])
 
 
 def test_eval_model_refuses_a_model_whose_lineage_is_lost(tmp_path, capsys):
