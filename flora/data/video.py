@@ -18,8 +18,12 @@ from flora.data.episode import FloraDataError
 
 # x264 settings that make the encoder a pure function of its input frames: one thread,
 # no sliced threads, no asynchronous lookahead thread (x264's defaults with threads=1,
-# spelled out so a libavcodec default or a global option cannot change them).
-X264_DETERMINISTIC = "threads=1:lookahead-threads=1:sliced-threads=0:sync-lookahead=0"
+# spelled out so a libavcodec default or a global option cannot change them), and its
+# plain C code (asm=0): x264's SIMD kernels are not all bit-exact with each other (the
+# mb-tree cost propagation among them), so with them the bytes depended on the CPU —
+# the committed toy world's md5 was not reproduced on an AVX2-only AMD machine
+# (docs/dataset.md, "Determinism"). Costs ~35 % more generation time.
+X264_DETERMINISTIC = "threads=1:lookahead-threads=1:sliced-threads=0:sync-lookahead=0:asm=0"
 
 
 def rgb_to_yuv420p(img: np.ndarray) -> np.ndarray:
@@ -63,9 +67,9 @@ class VideoWriter:
     """Encode RGB frames to H.264/yuv420p MP4, deterministically.
 
     The bytes are a pure function of the frames and the arguments (for one PyAV/x264
-    build on one CPU family): RGB -> YUV is converted here in integer numpy
-    (``rgb_to_yuv420p``), never by libswscale, and x264 runs single-threaded
-    (``X264_DETERMINISTIC``). ``gop`` is the keyframe interval in frames (scene-cut
+    build, on any x86-64 CPU): RGB -> YUV is converted here in integer numpy
+    (``rgb_to_yuv420p``), never by libswscale, and x264 runs single-threaded, its plain C
+    code (``X264_DETERMINISTIC``). ``gop`` is the keyframe interval in frames (scene-cut
     keyframes are disabled so the structure is predictable); ``add(..., keyframe=True)``
     forces an IDR frame, used at every episode start so a concatenated v3.0 file can be
     cut per episode.
