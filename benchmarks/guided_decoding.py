@@ -133,7 +133,8 @@ def main() -> None:
                                 also_unseen_by=args.unseen_by)  # fmt: skip
         held, left_out = unseen.examples, unseen.left_out
     else:  # a checkpoint of a from-scratch run: its own set's split is its lineage
-        left_out = sorted(lineages_seen(args.model, args.set, args.unseen_by))
+        left_out = (sorted(lineages_seen(heldout_examples(args.model, args.set), args.unseen_by))
+                    if args.unseen_by else [])  # fmt: skip
         held = heldout_examples(args.model, args.set, limit=args.episodes, exclude=left_out)
     if not all(e.guided_regex for e in held):
         raise SystemExit(f"{args.set}: built before sets stored guided_regex; rebuild it")

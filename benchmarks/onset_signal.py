@@ -268,11 +268,11 @@ def main() -> None:
         stages["pixels, model input"] = lambda fr: np.stack(
             [p.reshape(-1) for p in processed(fr, size_proc)]
         )
-    for spec in [] if args.model_only else args.vision or [str(args.model_dir)]:
-        vm, vp = load_vision(spec)
-        stages[f"visual tokens, {spec}"] = lambda fr, vm=vm, vp=vp: np.stack(
-            [t.reshape(-1) for t in token_vectors(vm, vp, fr)]
-        )
+        for spec in args.vision or [str(args.model_dir)]:
+            vm, vp = load_vision(spec)
+            stages[f"visual tokens, {spec}"] = lambda fr, vm=vm, vp=vp: np.stack(
+                [t.reshape(-1) for t in token_vectors(vm, vp, fr)]
+            )
 
     rows_tr, pos_tr = _windows(train, n_windows)
     rows_te, pos_te = _windows(held, n_windows)

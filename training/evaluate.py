@@ -421,18 +421,17 @@ class HeldOut:
     lineage: str  # "known", or "unknown: <why>" (scored on the set's split alone)
 
 
-def lineages_seen(model: str, set_path: str | Path, model_dirs: Sequence[str | Path]) -> set[str]:
-    """Held-out ``model`` episodes of the set that any of ``model_dirs`` (or a model one
-    was continued from, or its base) trained on. Raises :class:`~training.sft.TrainingError`
-    when a lineage cannot be read."""
+def lineages_seen(examples: Sequence[Any], model_dirs: Sequence[str | Path]) -> set[str]:
+    """Episodes of ``examples`` that any of ``model_dirs`` (or a model one was continued
+    from, or its base) trained on, read per dataset of the examples. Raises
+    :class:`~training.sft.TrainingError` when a lineage cannot be read."""
     from training.lineage import seen_in
 
-    every = heldout_examples(model, set_path)
     seen: set[str] = set()
-    for dataset in sorted({e.dataset for e in every}):
+    for dataset in sorted({e.dataset for e in examples}):
         for d in model_dirs:
             seen |= seen_in(d, dataset)
-    return seen & {e.episode_id for e in every}
+    return seen & {e.episode_id for e in examples}
 
 
 def unseen_heldout(
@@ -462,7 +461,7 @@ def unseen_heldout(
     seen: set[str] = set()
     lineage = "known"
     try:
-        seen = lineages_seen(model, set_path, (model_dir, *also_unseen_by))
+        seen = lineages_seen(every, (model_dir, *also_unseen_by))
     except TrainingError as e:
         if not allow_unknown_lineage:
             raise TrainingError(

@@ -106,7 +106,7 @@ def test_unseen_heldout_also_leaves_out_another_models_lineage(tmp_path):
     ids = [e.example_id for e in both.examples]
     assert ids == [e.example_id for e in mirrored.examples] and ids
     assert {e.episode_id for e in both.examples} == {"mini/000004", "mini/000006"}
-    assert lineages_seen("captioner", s, [scratch, over_base]) == {"mini/000005"}
+    assert lineages_seen(heldout_examples("captioner", s), [scratch, over_base]) == {"mini/000005"}
     every = _export(tmp_path / "every", ["mini/000004", "mini/000006"])
     with pytest.raises(ValueError, match=r"every.*trained on every held-out captioner episode"):
         unseen_heldout("captioner", s, scratch, also_unseen_by=[over_base, every])
