@@ -19,9 +19,9 @@ from flora.data.episode import FloraDataError
 # x264 settings that make the encoder a pure function of its input frames: one thread,
 # no sliced threads, no asynchronous lookahead thread (x264's defaults with threads=1,
 # spelled out so a libavcodec default or a global option cannot change them), and its
-# plain C code (asm=0): x264's SIMD kernels are not all bit-exact with each other (the
-# mb-tree cost propagation among them), so with them the bytes depended on the CPU —
-# the committed toy world's md5 was not reproduced on an AVX2-only AMD machine
+# plain C code (asm=0): x264's SIMD kernels are not all bit-exact with its C code
+# (asm=0 changes the bytes) and x264 picks them per CPU, so the bytes depended on the
+# CPU — the committed toy world's md5 was not reproduced on an AVX2-only AMD machine
 # (docs/dataset.md, "Determinism"). Costs ~35 % more generation time.
 X264_DETERMINISTIC = "threads=1:lookahead-threads=1:sliced-threads=0:sync-lookahead=0:asm=0"
 
