@@ -136,6 +136,11 @@ def main() -> None:
         left_out = (sorted(lineages_seen(heldout_examples(args.model, args.set), args.unseen_by))
                     if args.unseen_by else [])  # fmt: skip
         held = heldout_examples(args.model, args.set, limit=args.episodes, exclude=left_out)
+        if not held:
+            raise SystemExit(
+                f"{args.set}: no held-out {args.model} items left to score "
+                f"({len(left_out)} held-out episodes left out as seen by --unseen-by)"
+            )
     if not all(e.guided_regex for e in held):
         raise SystemExit(f"{args.set}: built before sets stored guided_regex; rebuild it")
     if args.checkpoint is not None:
