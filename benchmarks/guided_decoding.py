@@ -14,7 +14,9 @@ one — segments, dense — else its regex; what ``flora serve`` applies).
 ``--attempts 3`` scores the free answers the engine keeps after its bounded retries (an
 answer that does not parse is asked again, sampled and seeded; ``flora.parsing``), beside
 how many items parsed at their first, greedy answer.
-Prints and writes the metrics with 95 % intervals and the parser's rejection reasons;
+Prints and writes the metrics with 95 % intervals and the parser's rejection reasons
+(``result.json``), and the answers themselves (``outputs_free|guided.parquet``: what
+``benchmarks/outcome_compare.py`` pairs against the outcome baselines);
 ``docs/benchmarks.md`` ("Guided decoding …") holds the results. The set must carry
 ``guided_regex`` (sets built since that column exist have it).
 """
@@ -167,6 +169,7 @@ def main() -> None:
         for kind, ok, why in zip(kinds, items["parsed"], items["reason"], strict=True):
             codes[f"{kind}: " + ("parsed" if ok else _reason_code(str(why)))] += 1
         key = "guided" if guided else "free"
+        outs.to_parquet(args.out / f"outputs_{key}.parquet")  # for benchmarks/outcome_compare.py
         res[key] = {"metrics": scored.metrics,
                     "intervals": {k: list(v) for k, v in scored.intervals.items()},
                     "codes": dict(codes), "seconds": time.perf_counter() - t0,
