@@ -28,13 +28,6 @@ import numpy as np
 import pandas as pd
 
 
-def _interval(draws: list[float]) -> list[float]:
-    a = np.array([d for d in draws if np.isfinite(d)], dtype=float)
-    if not len(a):
-        return [math.nan, math.nan]
-    return [float(np.percentile(a, 2.5)), float(np.percentile(a, 97.5))]
-
-
 def _rho(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman's ρ (NaN where either side is constant: no ranking to correlate)."""
     from scipy.stats import spearmanr
@@ -67,61 +60,56 @@ def compare_outcomes(
     ``baselines`` among them). Pairs: every non-baseline source against each baseline,
     and every later non-baseline source against the first one; a pair's difference is
     ``abs_err(a) - abs_err(b)`` averaged over the episodes both parsed (negative: ``a``
-    is closer to the truth). Intervals resample episodes, the same draws for every source
-    and pair.
+    is closer to the truth). Intervals: :func:`training.evaluate.bootstrap_ci` over whole
+    episodes, one set of draws for every source and pair.
     """
+    from training.evaluate import bootstrap_ci
+
     errs = {name: outcome_errors(items) for name, items in sources.items()}
-    outcome_items = {
-        name: int((items["task_kind"] == "outcome").sum()) for name, items in sources.items()
-    }
-    episodes = np.array(sorted(set().union(*(e.index for e in errs.values()))), dtype=object)
-    rng = np.random.default_rng(seed)
-    draws = [episodes[rng.choice(len(episodes), size=len(episodes))] for _ in range(n_boot)]
-
-    def boot(fn, eps: list[str]) -> list[float]:
-        """An interval of ``fn`` over the draws, each draw kept to the episodes in ``eps``
-        (with their multiplicity), so every source and pair sees the same resamples."""
-        keep = set(eps)
-        samples = [[x for x in d if x in keep] for d in draws]
-        return _interval([fn(s) for s in samples if s])
-
-    per: dict[str, dict[str, Any]] = {}
-    for name, e in errs.items():
-        eps = list(e.index)
-
-        def mae(sample: list[str], e: pd.DataFrame = e) -> float:
-            return float(e.loc[sample, "abs_err"].mean())
-
-        def rho(sample: list[str], e: pd.DataFrame = e) -> float:
-            s = e.loc[sample]
-            return _rho(s["expected_score"].to_numpy(), s["ref_score"].to_numpy())
-
-        per[name] = {
-            "episodes": len(eps),
-            "parse_rate": len(eps) / outcome_items[name] if outcome_items[name] else math.nan,
-            "mae": mae(eps) if eps else math.nan,
-            "mae_interval": boot(mae, eps),
-            "rho": rho(eps) if eps else math.nan,
-            "rho_interval": boot(rho, eps),
-        }
     models = [n for n in sources if n not in baselines]
     pairs = [(m, b) for m in models for b in baselines if b in sources]
     pairs += [(m, models[0]) for m in models[1:]]
-    paired = []
-    for a, b in pairs:
-        both = sorted(set(errs[a].index) & set(errs[b].index))
-        d = errs[a].loc[both, "abs_err"] - errs[b].loc[both, "abs_err"]
+    # one row per episode, a source's columns NaN where it did not parse
+    wide = pd.concat({n: e for n, e in errs.items()}, axis=1)
+    wide.columns = [f"{n}|{c}" for n, c in wide.columns]
+    wide = wide.rename_axis("episode_id").reset_index()
 
-        def diff(sample: list[str], d: pd.Series = d) -> float:
-            return float(d.loc[sample].mean())
+    def metrics(df: pd.DataFrame) -> dict[str, float]:
+        m: dict[str, float] = {}
+        for n in errs:
+            ok = df[df[f"{n}|abs_err"].notna()]
+            m[f"{n}|mae"] = float(ok[f"{n}|abs_err"].mean()) if len(ok) else math.nan
+            exp, ref = ok[f"{n}|expected_score"], ok[f"{n}|ref_score"]
+            m[f"{n}|rho"] = _rho(exp.to_numpy(), ref.to_numpy())
+        for a, b in pairs:
+            d = (df[f"{a}|abs_err"] - df[f"{b}|abs_err"]).dropna()
+            m[f"{a}|{b}"] = float(d.mean()) if len(d) else math.nan
+        return m
 
-        paired.append({
+    point = metrics(wide)
+    ci = bootstrap_ci(wide, metrics, n_boot=n_boot, seed=seed) if len(wide) else {}
+    nan2 = (math.nan, math.nan)
+    per = {}
+    for n, e in errs.items():
+        total = int((sources[n]["task_kind"] == "outcome").sum())
+        per[n] = {
+            "episodes": len(e),
+            "parse_rate": len(e) / total if total else math.nan,
+            "mae": point[f"{n}|mae"],
+            "mae_interval": list(ci.get(f"{n}|mae", nan2)),
+            "rho": point[f"{n}|rho"],
+            "rho_interval": list(ci.get(f"{n}|rho", nan2)),
+        }
+    paired = [
+        {
             "a": a,
             "b": b,
-            "episodes": len(both),
-            "diff": diff(both) if both else math.nan,
-            "interval": boot(diff, both),
-        })  # fmt: skip
+            "episodes": len(set(errs[a].index) & set(errs[b].index)),
+            "diff": point[f"{a}|{b}"],
+            "interval": list(ci.get(f"{a}|{b}", nan2)),
+        }
+        for a, b in pairs
+    ]
     return {"sources": per, "paired": paired}
 
 
@@ -177,6 +165,8 @@ def main() -> None:
         if not path.is_file():
             raise SystemExit(f"--outputs {name}: {path} does not exist")
         answers[name] = pd.read_parquet(path)
+        if "example_id" not in answers[name] or "text" not in answers[name]:
+            raise SystemExit(f"--outputs {name}: {path} has no example_id/text columns")
     answered = set.intersection(*(set(a["example_id"]) for a in answers.values()))
     held = [e for e in heldout_examples("rewarder", args.set)
             if e.task_kind == "outcome" and e.example_id in answered]  # fmt: skip
