@@ -256,7 +256,9 @@ def test_a_shard_with_bad_input_is_reported_while_the_others_complete(
                                metrics=art(Metrics, "m9"))  # fmt: skip
 
 
-def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_dir, tmp_path):
+def test_runs_locally_with_subprocess_runner(
+    flora_home, tiny_dataset, tiny_vlm_dir, tmp_path, task_tmp
+):
     import shutil
 
     import pandas as pd
@@ -272,6 +274,11 @@ def test_runs_locally_with_subprocess_runner(flora_home, tiny_dataset, tiny_vlm_
     data_engine_pipeline(
         dataset_path=str(tiny_dataset), vlm_max_episodes=1, max_attempts=1, max_new_tokens=8
     )
+    # The tasks' temp dir holds only kfp's own launcher folders (`mktemp -d`, one
+    # ephemeral_component.py each): no step left a scratch folder or file behind.
+    left = [p.name for p in task_tmp.iterdir() if not p.name.startswith("tmp.")]
+    assert not left, left
+    assert any(task_tmp.glob("tmp.*/ephemeral_component.py"))  # TMPDIR reached the tasks
     # The per-table summary: summary_op's artifact (an exit-handler pipeline has no return).
     (summary_file,) = kfp_root.rglob("summary-op/summary")
     tables = json.loads(summary_file.read_text())
