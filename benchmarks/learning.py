@@ -376,19 +376,11 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     if args.patience is not None:  # e.g. early stop off for a long schedule
         upd["patience"] = args.patience
     if recipe.grpo is not None:
-        gupd: dict[str, Any] = {}
-        if args.grpo_lr is not None:
-            gupd["lr"] = args.grpo_lr
-        if args.grpo_prompts_per_step is not None:
-            gupd["prompts_per_step"] = args.grpo_prompts_per_step
-        if args.grpo_beta is not None:
-            gupd["beta"] = args.grpo_beta
-        if args.grpo_guided_kl is not None:
-            gupd["guided_kl"] = args.grpo_guided_kl
-        if args.grpo_kl_bound is not None:
-            gupd["kl_bound"] = args.grpo_kl_bound
-        if args.grpo_guided_share is not None:
-            gupd["guided_share"] = args.grpo_guided_share
+        overrides = {"lr": args.grpo_lr, "prompts_per_step": args.grpo_prompts_per_step,
+                     "group_size": args.grpo_group_size, "beta": args.grpo_beta,
+                     "guided_kl": args.grpo_guided_kl, "kl_bound": args.grpo_kl_bound,
+                     "guided_share": args.grpo_guided_share}  # fmt: skip
+        gupd: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
         upd["grpo"] = recipe.grpo.model_copy(update=gupd)
     if args.init_from:  # continue a release (full weights) or an export (the segmenter's LoRA)
         upd["init_from"] = str(args.init_from / model)
@@ -692,6 +684,8 @@ def main() -> None:
                     help="with --guided: run GRPO with grammar-guided rollouts only")  # fmt: skip
     ap.add_argument("--grpo-prompts-per-step", type=int, default=None,
                     help="Override the recipes' GRPO prompts per step.")  # fmt: skip
+    ap.add_argument("--grpo-group-size", type=int, default=None,
+                    help="Override the recipes' GRPO group size G.")  # fmt: skip
     ap.add_argument("--grpo-beta", type=float, default=None,
                     help="Override the recipes' GRPO KL coefficient.")  # fmt: skip
     ap.add_argument("--grpo-guided-kl", choices=("masked", "unmasked"), default=None,
