@@ -206,6 +206,24 @@ def test_an_unreadable_window_is_a_recorded_failure_naming_its_span(tiny_dataset
     assert {e.episode_id for e in got} == {"toy_damaged/000000", "toy_damaged/000001"}
 
 
+def test_a_set_of_only_failures_is_refused_with_their_reasons(tiny_dataset, tmp_path) -> None:
+    """Every window unreadable: no empty set is written, the error names episodes and why."""
+    import shutil
+
+    root = tmp_path / "toy_dead"
+    shutil.copytree(tiny_dataset, root)
+    for video in (root / "videos").rglob("*.mp4"):
+        video.write_bytes(video.read_bytes()[:64])
+    for build in (build_sft_set, build_grpo_set):
+        out = tmp_path / build.__name__
+        with pytest.raises(
+            SetError, match=r"no examples built for segmenter \(\d+ failures: "
+        ) as e:
+            build("segmenter", root, out, split_fraction=0.0, progress=False)
+        assert "toy_dead/00000" in str(e.value) and "unreadable video" in str(e.value)
+        assert not out.exists() and not list(tmp_path.glob(f".{out.name}*"))
+
+
 def test_mixture_sets_events_and_splits(tiny_dataset, tmp_path) -> None:
     gt = load_ground_truth(tiny_dataset)
     ds = open_dataset(tiny_dataset)
