@@ -381,7 +381,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
                      "guided_kl": args.grpo_guided_kl, "kl_bound": args.grpo_kl_bound,
                      "guided_share": args.grpo_guided_share}  # fmt: skip
         gupd: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
-        upd["grpo"] = recipe.grpo.model_copy(update=gupd)
+        # validated (model_copy would not): a bad override fails here, not after the SFT
+        upd["grpo"] = type(recipe.grpo).model_validate({**recipe.grpo.model_dump(), **gupd})
     if args.init_from:  # continue a release (full weights) or an export (the segmenter's LoRA)
         upd["init_from"] = str(args.init_from / model)
     recipe = recipe.model_copy(update=upd)
