@@ -114,7 +114,11 @@ assert avutil.av_get_cpu_flags() == 0
 
 
 def _generate(prelude: str, out: Path) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    # The run's own temp files (the busy prelude's scratch videos) stay under pytest's
+    # tmp, not in /tmp, where nothing would remove them.
+    scratch = out.parent / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TMPDIR": str(scratch)}
     proc = subprocess.run(
         [sys.executable, "-c", prelude + GENERATE, str(out)],
         capture_output=True,

@@ -11,7 +11,7 @@ from flora.tracking import log_table_summary, log_validation, mlflow_run
 from flora.validation.core import validate_table
 
 
-def test_run_lifecycle_table_summary_and_validation(flora_home):
+def test_run_lifecycle_table_summary_and_validation(flora_home, tmp_path):
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -58,7 +58,10 @@ def test_run_lifecycle_table_summary_and_validation(flora_home):
     assert r.data.metrics["validation._test_tracked.failed"] == 1.0
     # Artifacts land under the configured artifact root, not ./mlruns.
     art = mlflow.artifacts.download_artifacts(
-        run_id=run_id, artifact_path="validation/_test_tracked.json", tracking_uri=s.tracking_uri
+        run_id=run_id,
+        artifact_path="validation/_test_tracked.json",
+        tracking_uri=s.tracking_uri,
+        dst_path=str(tmp_path),  # mlflow's default is a mkdtemp it never removes
     )
     logged = json.loads(open(art).read())
     assert logged["failing_episodes"] == ["d/000001"]
