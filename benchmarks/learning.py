@@ -418,7 +418,7 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         import random
 
         probe = random.Random(0).sample(prompts, min(args.probe_prompts, len(prompts)))
-        g = recipe.grpo.group_size if recipe.grpo else 8
+        g = args.probe_samples or (recipe.grpo.group_size if recipe.grpo else 8)
         # The recipe's own run: its rollouts are guided when the recipe says so (a set
         # whose prompts carry their regexes, and a guided own-prompt probe).
         recipe_guided = bool(recipe.grpo is not None and recipe.grpo.guided)
@@ -675,6 +675,9 @@ def main() -> None:
     ap.add_argument("--grpo-steps", type=int, default=None)
     ap.add_argument("--eval-episodes", type=int, default=None)
     ap.add_argument("--probe-prompts", type=int, default=8)
+    ap.add_argument("--probe-samples", type=int, default=None,
+                    help="samples per own-prompt probe prompt (default: the GRPO group "
+                         "size); fixes the probe when runs compare group sizes")  # fmt: skip
     ap.add_argument("--grpo-lr", type=float, default=None,
                     help="Override the recipes' GRPO learning rate.")  # fmt: skip
     ap.add_argument("--guided", action="store_true",
