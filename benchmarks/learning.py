@@ -727,6 +727,8 @@ def main() -> None:
     ap.add_argument("--patience", type=int, default=None,
                     help="override the recipes' early-stop patience (evaluations)")  # fmt: skip
     args = ap.parse_args()
+    if args.probe_samples is not None and args.probe_samples < 1:  # `or` would hide a 0
+        ap.error(f"--probe-samples must be >= 1, got {args.probe_samples}")
     if (args.grpo_guided or args.grpo_guided_only) and not args.guided:
         # without --guided there is no guided set: the run would silently skip GRPO
         ap.error("--grpo-guided / --grpo-guided-only need --guided")
