@@ -436,6 +436,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
                 share = args.grpo_guided_share if args.grpo_guided_share is not None else 1.0
                 grec = recipe.model_copy(update={"grpo": recipe.grpo.model_copy(
                     update={"guided": True, "guided_share": share})})  # fmt: skip
+            if args.grpo_seed is not None:  # another GRPO draw (prompts, samples), same SFT
+                grec = grec.model_copy(update={"seed": args.grpo_seed})
             if not (gdir / "model" / "flora_model.json").is_file():
                 _log(f"{model}: {name} ({args.grpo_steps} steps)")
                 t0 = time.perf_counter()
@@ -699,6 +701,9 @@ def main() -> None:
     ap.add_argument("--grpo-guided-share", type=float, default=None,
                     help="Override grpo.guided_share (guided share of each group; "
                          "--grpo-guided runs default to 1.0: all guided).")  # fmt: skip
+    ap.add_argument("--grpo-seed", type=int, default=None,
+                    help="GRPO's seed (prompt order, rollout samples); default: the "
+                         "recipe's seed, which the SFT also used")  # fmt: skip
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--plot", default="learning.png", help="file name under docs/img/")
