@@ -211,8 +211,8 @@ def test_the_guided_kl_choice_reaches_the_grpo_config() -> None:
 
     small = GRPOConfig.from_recipe(load_recipe("segmenter-small"))
     assert small.guided_kl == "masked"
-    # the measured setting (docs/benchmarks.md): half of each group guided, half free
-    assert small.guided and small.guided_rollouts() == 4
+    # the measured setting (docs/benchmarks.md): every completion of a group guided
+    assert small.guided and small.guided_rollouts() == small.group_size == 8
     r = load_recipe("segmenter-small", grpo={"guided": True, "guided_kl": "unmasked"})
     assert GRPOConfig.from_recipe(r).guided_kl == "unmasked"
     with pytest.raises(ValueError, match="guided_kl"):
