@@ -734,6 +734,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.probe_samples is not None and args.probe_samples < 1:  # `or` would hide a 0
         ap.error(f"--probe-samples must be >= 1, got {args.probe_samples}")
+    from training.recipe import SEED_MAX
+
+    if args.grpo_seed is not None and not 0 <= args.grpo_seed <= SEED_MAX:  # fail before SFT
+        ap.error(f"--grpo-seed must be in [0, {SEED_MAX}], got {args.grpo_seed}")
     if (args.grpo_guided or args.grpo_guided_only) and not args.guided:
         # without --guided there is no guided set: the run would silently skip GRPO
         ap.error("--grpo-guided / --grpo-guided-only need --guided")

@@ -31,6 +31,9 @@ SEED_TRAINABLE: dict[str, tuple[str, ...]] = {
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
 
+SEED_MAX = 2**32 - 1  # the largest seed numpy accepts
+
+
 class RecipeError(ValueError):
     """A recipe that cannot be used (unknown field or module, inconsistent settings)."""
 
@@ -144,7 +147,8 @@ class Recipe(_Strict):
     keep_checkpoints: int = Field(2, ge=1)
     gradient_checkpointing: bool = False
     max_length: int | None = Field(None, ge=16)
-    seed: int = 0
+    # numpy's global seed (GRPO, SFT) takes only [0, 2**32): a bad seed fails at load
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     gpus: int = Field(0, ge=0, description="GPUs per run in production (0: CPU)")
     nodes: int = Field(1, ge=1)
     sets: SetRecipe = SetRecipe()

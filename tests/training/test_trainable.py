@@ -229,3 +229,13 @@ def test_the_kl_bound_reaches_the_grpo_config() -> None:
         GRPOConfig(kl_bound=0.0)
     with pytest.raises(ValueError, match="kl_bound"):
         load_recipe("segmenter-small", grpo={"kl_bound": -1.0})
+
+
+def test_a_seed_numpy_cannot_take_is_refused_at_load() -> None:
+    """GRPO seeds numpy with the recipe's seed; a negative one used to fail at GRPO start."""
+    from training.recipe import SEED_MAX
+
+    assert load_recipe("segmenter-small", seed=SEED_MAX).seed == SEED_MAX
+    for bad in (-1, SEED_MAX + 1):
+        with pytest.raises(ValueError, match="seed"):
+            load_recipe("segmenter-small", seed=bad)
