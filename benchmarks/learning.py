@@ -55,6 +55,9 @@ HEAD = {
 # Columns shown in the table but not judged against the baselines in "Targets".
 NOT_JUDGED = {"outcome.parse_rate", "dense.parse_rate", "rubric.parse_rate"}
 LOWER_IS_BETTER = {"outcome.mae", "rubric.l1"}
+# Per-item columns compared episode by episode between the SFT and the SFT+GRPO model
+# (the models GRPO trains; "parsed" is the parse rate).
+PAIRED_METRICS = {"segmenter": ("r_seg", "parsed"), "captioner": ("r_cap", "parsed")}
 
 
 def seen_by_init(model: str, args: argparse.Namespace, dataset: Path) -> set[str]:
@@ -244,6 +247,35 @@ def paired_gain(
     return {"gain": sum(d) / len(d), "interval": [lo, hi], "prompts": len(d)}
 
 
+def paired_by_episode(
+    items_a: pd.DataFrame, items_b: pd.DataFrame, metrics: tuple[str, ...], n_boot: int
+) -> dict[str, dict[str, Any]]:
+    """Two models' scored answers to the same held-out items, compared episode by episode.
+
+    Per metric: both models' per-episode means (every episode weighs alike), their means
+    over episodes (``a``, ``b``) and the mean of ``b - a`` with a 95 % bootstrap interval
+    over episodes (:func:`paired_gain`). Pairing removes the spread between episodes that
+    the unpaired intervals carry, so a real change shows where the intervals overlap.
+    """
+    ids_a, ids_b = set(items_a["example_id"]), set(items_b["example_id"])
+    if ids_a != ids_b:
+        raise ValueError(f"the two scorings cover different items ({len(ids_a ^ ids_b)} "
+                         f"differ, e.g. {sorted(ids_a ^ ids_b)[:3]})")  # fmt: skip
+    cols = list(metrics)
+    per = [
+        it.assign(**{c: it[c].astype(float) for c in cols}).groupby("episode_id")[cols].mean()
+        for it in (items_a, items_b)
+    ]
+    j = per[0].merge(per[1], left_index=True, right_index=True, suffixes=("_a", "_b"))
+    out: dict[str, dict[str, Any]] = {}
+    for c in cols:
+        g = paired_gain(list(j[f"{c}_a"]), list(j[f"{c}_b"]), n_boot)
+        a, b = float(j[f"{c}_a"].mean()), float(j[f"{c}_b"].mean())
+        out[c] = {"a": a, "b": b, "gain": g["gain"], "interval": g["interval"],
+                  "episodes": g["prompts"]}  # fmt: skip
+    return out
+
+
 def _mean(xs: list[float]) -> float:
     ok = [x for x in xs if not math.isnan(x)]
     return sum(ok) / len(ok) if ok else math.nan
@@ -327,17 +359,37 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
                            "excluded_grpo_probe": sorted(probe_eps),
                            "variants": {}}  # fmt: skip
 
+    makers: dict[str, Any] = {}  # variant -> its answers' maker (for the paired comparison)
+
+    def slug(name: str) -> str:
+        return name.replace(" ", "_").replace("/", "_")
+
+    def keep(name: str, items: pd.DataFrame) -> pd.DataFrame:
+        """A variant's scored answers, kept for the GRPO-vs-SFT comparison by episode."""
+        cols = ["example_id", "episode_id", *PAIRED_METRICS.get(model, ())]
+        kept = items[cols].copy()
+        kept.to_parquet(wd / f"items_{slug(name)}.parquet", index=False)
+        return kept
+
     def ev(name: str, outputs_fn) -> None:
         def go() -> dict[str, Any]:
             t0 = time.perf_counter()
             out = outputs_fn()
             r = score_outputs(model, held, out, judge=judge, n_boot=n_boot)
+            keep(name, r.items)
             return {**_row(r), "seconds": time.perf_counter() - t0}
 
         _log(f"{model}: evaluating {name}")
-        res["variants"][name] = _cached(
-            wd / f"eval_{name.replace(' ', '_').replace('/', '_')}.json", go
-        )
+        makers[name] = outputs_fn
+        res["variants"][name] = _cached(wd / f"eval_{slug(name)}.json", go)
+
+    def items_of(name: str) -> pd.DataFrame:
+        p = wd / f"items_{slug(name)}.parquet"
+        if p.is_file():
+            return pd.read_parquet(p)
+        # a row cached before answers were kept: greedy answers again, scored alike
+        _log(f"{model}: answering again as {name} (its answers were not kept)")
+        return keep(name, score_outputs(model, held, makers[name](), judge=judge, n_boot=0).items)
 
     # baselines
     if model == "segmenter":
@@ -463,9 +515,18 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
 
             res[f"own_prompts{suffix}"] = _cached(wd / f"own_prompts{suffix}.json", own)
             ev(name, lambda gd=gdir: generate_outputs(backend_for(gd / "model"), held))
+            pairs = [("SFT", name)]
             if guided_held is not None:
                 ev(f"{name}, guided", lambda gd=gdir: generate_outputs(
                     backend_for(gd / "model", guided=True), guided_held))  # fmt: skip
+                pairs.append(("SFT, guided", f"{name}, guided"))
+            res[f"paired_heldout{suffix}"] = _cached(
+                wd / f"paired_heldout{suffix}.json",
+                lambda pairs=pairs: {
+                    b: paired_by_episode(items_of(a), items_of(b), PAIRED_METRICS[model], n_boot)
+                    for a, b in pairs
+                },
+            )
     return res
 
 
@@ -615,14 +676,30 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
             lo, hi = sft["intervals"].get(key, [math.nan, math.nan])
             gv = g["metrics"][key]
             o = res.get(okey, {})
+            paired = res.get(okey.replace("own_prompts", "paired_heldout"), {})
             out.append(
                 f"  - {gname[4:]}: own-prompt reward {o.get('SFT', math.nan):.3f} → "
                 f"{o.get('SFT+GRPO', math.nan):.3f}{_gain_text(o)}; "
                 f"held-out {key} {sft['metrics'][key]:.3f} → "
                 f"{gv:.3f} (SFT interval [{lo:.2f}, {hi:.2f}]: "
-                f"{'within' if gv >= lo else 'BELOW'})."
+                f"{'within' if gv >= lo else 'BELOW'})"
+                + "".join(_paired_text(v, p) for v, p in paired.items())
+                + "."
             )
     return out
+
+
+def _paired_text(variant: str, p: dict[str, dict[str, Any]]) -> str:
+    """ "; <variant> paired with the SFT model over N held-out episodes: r_seg +x [lo, hi]
+    (lowered | raised | no change shown), parse …" """
+    parts = []
+    for metric, q in p.items():
+        lo, hi = q["interval"]
+        verdict = "lowered" if hi < 0 else ("raised" if lo > 0 else "no change shown")
+        parts.append(f"{'parse' if metric == 'parsed' else metric} {q['gain']:+.3f} "
+                     f"[{lo:+.3f}, {hi:+.3f}] ({verdict})")  # fmt: skip
+    n = next(iter(p.values()))["episodes"] if p else 0
+    return f"; {variant} paired with the SFT model over {n} held-out episodes: " + ", ".join(parts)
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
