@@ -14,7 +14,8 @@ no RL for the rewarder), beside simple baselines scored by the *same* code
 
 Metrics with 95 % intervals from a bootstrap over held-out episodes. GRPO is also judged
 on its own prompts: the mean sampled reward (G completions at temperature 1) of the SFT
-and the GRPO model on the same training prompts.
+and the GRPO model on the same training prompts; and held out, against the SFT model's
+answers paired by episode (:func:`paired_by_episode`).
 
 Results (JSON per stage, resumable) go under ``--work``; the markdown table is printed and,
 with ``--write-docs``, inserted after the last "Learning" section of ``docs/benchmarks.md``
