@@ -129,15 +129,12 @@ def test_real_clock_measures_delay_in_control_steps():
 
     rt = RTCRuntime(paced, H, s=2, clock=RealClock(0.01), initial_delay=1)
     seen = []
-    t0 = time.monotonic()
     try:
         rt.run(lambda a: seen.append(a) or len(seen), obs=0, n_steps=60)
     finally:
-        elapsed = time.monotonic() - t0
         done.set()
         rt.stop()
     assert len(seen) == 60 and rt.stats.served == 60
-    assert elapsed >= 0.6 - 1e-3  # paced: never faster than 100 Hz (an overrun re-anchors)
     # Every inference that ran its course is measured at no fewer control steps than were
     # served while it ran (more pass between its return and the hand-over); the last one
     # may be cut by the loop's end.
