@@ -367,7 +367,7 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
 
     def keep(name: str, items: pd.DataFrame) -> pd.DataFrame:
         """A variant's scored answers, kept for the GRPO-vs-SFT comparison by episode."""
-        cols = ["example_id", "episode_id", *PAIRED_METRICS.get(model, ())]
+        cols = ["example_id", "episode_id", *PAIRED_METRICS[model]]
         kept = items[cols].copy()
         kept.to_parquet(wd / f"items_{slug(name)}.parquet", index=False)
         return kept
@@ -377,7 +377,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
             t0 = time.perf_counter()
             out = outputs_fn()
             r = score_outputs(model, held, out, judge=judge, n_boot=n_boot)
-            keep(name, r.items)
+            if model in PAIRED_METRICS:  # the rewarder has no GRPO to compare
+                keep(name, r.items)
             return {**_row(r), "seconds": time.perf_counter() - t0}
 
         _log(f"{model}: evaluating {name}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -18,15 +17,12 @@ H, A = 8, 2
 class LabelledPolicy:
     """Chunk k has rows ``[k, i]`` (chunk id, index); records every call's arguments."""
 
-    def __init__(self, sleep_s: float = 0.0) -> None:
+    def __init__(self) -> None:
         self.calls: list[dict] = []
-        self.sleep_s = sleep_s
 
     def __call__(self, obs, prefix, d, s):
         k = len(self.calls)
         self.calls.append({"obs": obs, "prefix": prefix.clone(), "d": d, "s": s})
-        if self.sleep_s:
-            time.sleep(self.sleep_s)
         return torch.stack([torch.tensor([float(k), float(i)]) for i in range(H)])
 
 
