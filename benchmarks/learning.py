@@ -341,6 +341,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     all_held = {e.episode_id for e in load_set(set_dir, split="heldout") if e.model == model}
     # GRPO's held-out probe chooses the exported state on these: no variant is scored on
     # them. The probe picks among episodes the SFT start's lineage never saw (all_held - seen).
+    # The recipe's own probe decides, before --grpo-probe-every: a run with the probe off is
+    # scored on the same episodes as one with it on, so the two compare item by item.
     probing = bool(args.grpo_steps and recipe.grpo is not None and recipe.grpo.probe_every)
     probe_eps = (set(probe_episode_ids(all_held - seen, recipe.grpo.probe_episodes))
                  if probing and all_held - seen else set())  # fmt: skip
@@ -433,7 +435,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         overrides = {"lr": args.grpo_lr, "prompts_per_step": args.grpo_prompts_per_step,
                      "group_size": args.grpo_group_size, "beta": args.grpo_beta,
                      "guided_kl": args.grpo_guided_kl, "kl_bound": args.grpo_kl_bound,
-                     "guided_share": args.grpo_guided_share}  # fmt: skip
+                     "guided_share": args.grpo_guided_share,
+                     "probe_every": args.grpo_probe_every}  # fmt: skip
         gupd: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
         # validated (model_copy would not): a bad override fails here, not after the SFT
         upd["grpo"] = type(recipe.grpo).model_validate({**recipe.grpo.model_dump(), **gupd})
@@ -780,6 +783,9 @@ def main() -> None:
     ap.add_argument("--grpo-guided-share", type=float, default=None,
                     help="Override grpo.guided_share (guided share of each group; "
                          "--grpo-guided runs default to 1.0: all guided).")  # fmt: skip
+    ap.add_argument("--grpo-probe-every", type=int, default=None,
+                    help="Override grpo.probe_every (0: no probe, the last step is "
+                         "exported)")  # fmt: skip
     ap.add_argument("--grpo-seed", type=int, default=None,
                     help="GRPO's seed (prompt order, rollout samples); default: the "
                          "recipe's seed, which the SFT also used")  # fmt: skip
