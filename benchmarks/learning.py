@@ -341,9 +341,10 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     all_held = {e.episode_id for e in load_set(set_dir, split="heldout") if e.model == model}
     # GRPO's held-out probe chooses the exported state on these: no variant is scored on
     # them. The probe picks among episodes the SFT start's lineage never saw (all_held - seen).
-    # The recipe's own probe decides, before --grpo-probe-every: a run with the probe off is
-    # scored on the same episodes as one with it on, so the two compare item by item.
-    probing = bool(args.grpo_steps and recipe.grpo is not None and recipe.grpo.probe_every)
+    # Left out when the recipe or --grpo-probe-every probes: a run with the probe turned off
+    # is scored on the same episodes as the recipe's, so the two compare item by item.
+    probing = bool(args.grpo_steps and recipe.grpo is not None
+                   and (recipe.grpo.probe_every or args.grpo_probe_every))  # fmt: skip
     probe_eps = (set(probe_episode_ids(all_held - seen, recipe.grpo.probe_episodes))
                  if probing and all_held - seen else set())  # fmt: skip
     held = heldout_examples(model, set_dir, limit=args.eval_episodes, exclude=seen | probe_eps)
