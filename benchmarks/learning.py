@@ -316,10 +316,27 @@ def _guided_set(
 # --------------------------------------------------------------------------- one model
 
 
+def probe_exclusion(recipe: Any, args: argparse.Namespace, candidates: set[str]) -> set[str]:
+    """Held-out episodes that no variant is scored on: those GRPO's held-out probe chooses
+    the exported state on (:func:`training.grpo_probe.probe_episode_ids` of ``candidates``).
+
+    Left out whenever the recipe or ``--grpo-probe-every`` turns the probe on, even when the
+    flag turns it off: a run without the probe is then scored on the same episodes as the
+    recipe's, so the two compare item by item.
+    """
+    from training.grpo_probe import probe_episode_ids
+
+    grpo = recipe.grpo
+    probing = bool(args.grpo_steps and grpo is not None
+                   and (grpo.probe_every or args.grpo_probe_every))  # fmt: skip
+    if not probing or not candidates:
+        return set()
+    return set(probe_episode_ids(sorted(candidates), grpo.probe_episodes))
+
+
 def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -> dict[str, Any]:
     from training.evaluate import backend_for, generate_outputs, heldout_examples, score_outputs
     from training.grpo import prompts_from_examples, train_grpo
-    from training.grpo_probe import probe_episode_ids
     from training.recipe import load_recipe
     from training.rewards import make_judge
     from training.sets import build_sft_set, load_set
@@ -339,14 +356,8 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     by_init, by_base = seen_by_init(model, args, dataset), seen_by_base(model, dataset)
     seen = by_init | by_base
     all_held = {e.episode_id for e in load_set(set_dir, split="heldout") if e.model == model}
-    # GRPO's held-out probe chooses the exported state on these: no variant is scored on
-    # them. The probe picks among episodes the SFT start's lineage never saw (all_held - seen).
-    # Left out when the recipe or --grpo-probe-every probes: a run with the probe turned off
-    # is scored on the same episodes as the recipe's, so the two compare item by item.
-    probing = bool(args.grpo_steps and recipe.grpo is not None
-                   and (recipe.grpo.probe_every or args.grpo_probe_every))  # fmt: skip
-    probe_eps = (set(probe_episode_ids(all_held - seen, recipe.grpo.probe_episodes))
-                 if probing and all_held - seen else set())  # fmt: skip
+    # The probe picks among episodes the SFT start's lineage never saw (all_held - seen).
+    probe_eps = probe_exclusion(recipe, args, all_held - seen)
     held = heldout_examples(model, set_dir, limit=args.eval_episodes, exclude=seen | probe_eps)
     dropped, dropped_base = len(all_held & by_init), len(all_held & by_base)
     if dropped:
