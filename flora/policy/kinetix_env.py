@@ -124,7 +124,11 @@ class KinetixLevelEnv:
         self.action_dim = int(env.action_space(env_params).shape[0])
 
         def _reset(key: Any) -> tuple[Any, Any]:
-            return env.reset(key, env_params, override_reset_state=level_state)
+            obs, state = env.reset(key, env_params, override_reset_state=level_state)
+            # Kinetix's reset leaves a weak-typed leaf (``last_distance``) that ``step``
+            # returns strongly typed: without this cast the step compiles twice (~25 s each
+            # on a 2-core CPU), once for the reset state and once for its own.
+            return obs, jax.tree.map(lambda x: x.astype(x.dtype), state)
 
         def _step(key: Any, state: Any, action: Any) -> tuple[Any, ...]:
             obs, new_state, reward, done, info = env.step(key, state, action, env_params)
