@@ -25,6 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -539,7 +540,12 @@ class LeRobotV30Dataset(_LeRobotBase):
 
     def _load(self, i: int) -> Episode:
         m = self.episodes_meta.loc[i]
-        dc, df_ = int(m["data/chunk_index"]), int(m["data/file_index"])
+
+        def num(col: str, whole: bool = True) -> Any:
+            where = {"dataset": self.name, "episode": i, "file": self._ep_file}
+            return _meta_number(m, col, whole=whole, **where)
+
+        dc, df_ = num("data/chunk_index"), num("data/file_index")
         path = meta_path(
             self.root,
             self.info["data_path"],
@@ -567,11 +573,11 @@ class LeRobotV30Dataset(_LeRobotBase):
             task = self._tasks.get(int(rows.column("task_index")[0].as_py()), "")
         else:
             task = ""
-        length = int(m["length"])
+        length = num("length")
         cams = {}
         roles = self.camera_roles
         for key in self._video_keys:
-            vc, vf = int(m[f"videos/{key}/chunk_index"]), int(m[f"videos/{key}/file_index"])
+            vc, vf = num(f"videos/{key}/chunk_index"), num(f"videos/{key}/file_index")
             vp = meta_path(
                 self.root,
                 self.info["video_path"],
@@ -587,8 +593,8 @@ class LeRobotV30Dataset(_LeRobotBase):
                 raise FloraDataError(
                     "camera file is missing", dataset=self.name, episode=i, file=vp, field=key
                 )
-            t0 = int(round(float(m[f"videos/{key}/from_timestamp"]) * 1e6))
-            t1 = int(round(float(m[f"videos/{key}/to_timestamp"]) * 1e6))
+            t0 = int(round(num(f"videos/{key}/from_timestamp", whole=False) * 1e6))
+            t1 = int(round(num(f"videos/{key}/to_timestamp", whole=False) * 1e6))
             if not t1 > t0 >= 0:
                 raise FloraDataError(
                     f"bad video span [{t0}, {t1}) µs",
@@ -601,6 +607,31 @@ class LeRobotV30Dataset(_LeRobotBase):
             cams[key] = CameraStream(key, roles[key], vp, t0, t1, self._video_fps(key), w, h)
         cams.update(self._image_cameras(i, rows, length, path))
         return self._episode_from_rows(i, rows, length, task, cams, path)
+
+
+def _meta_number(
+    m: pd.Series, col: str, *, whole: bool = True, dataset: str, episode: int, file: Path
+) -> Any:
+    """One cell of an episode's metadata row as a finite number (an int where ``whole``).
+
+    A null or non-numeric cell is bad input of that episode, named as such, so the run
+    records the episode as failed and goes on (a bare ``int(nan)`` would stop it).
+    """
+    v = m[col]
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x) or (whole and not x.is_integer()):
+        kind = "an integer" if whole else "a finite number"
+        raise FloraDataError(
+            f"episode metadata value '{v}' is not {kind}",
+            dataset=dataset,
+            episode=episode,
+            file=file,
+            field=col,
+        )
+    return int(x) if whole else x
 
 
 class LeRobotV21Dataset(_LeRobotBase):
@@ -637,10 +668,19 @@ class LeRobotV21Dataset(_LeRobotBase):
         self._tasks: dict[int, str] = {}
         tp = root / "meta" / "tasks.jsonl"
         if tp.exists():
-            for line in tp.read_text().splitlines():
-                if line.strip():
+            for ln, line in enumerate(tp.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
                     d = json.loads(line)
                     self._tasks[int(d["task_index"])] = str(d["task"])
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                    raise FloraDataError(
+                        f"bad tasks.jsonl line {ln} ({e})",
+                        dataset=self.name,
+                        file=tp,
+                        field="task_index/task",
+                    ) from e
 
     def episode_indices(self) -> list[int]:
         return sorted(self.episodes_meta)
@@ -861,7 +901,12 @@ def resolve_dataset(path: str | Path, revision: str | None = None) -> DatasetSou
                 file=local,
                 field="revision",
             )
-        return DatasetSource(local, local.name)
+        # `.` and `..` have no name of their own: the folder's absolute path gives it, so a
+        # step run from inside the dataset keys its episodes as a run given the path does.
+        name = Path(os.path.abspath(local)).name
+        if not name:
+            raise FloraDataError("a dataset folder needs a name; `/` has none", file=local)
+        return DatasetSource(local, name)
     m = HUB_DATASET.match(text)
     if m is None:
         raise FloraDataError("dataset path does not exist", dataset=local.name, file=local)

@@ -179,3 +179,44 @@ def test_not_a_dataset(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FloraDataError, match="not a dataset"):
         open_dataset(tmp_path / "empty")
+
+
+@pytest.mark.parametrize(
+    ("field", "expected"),
+    [(f"videos/{TOP}/from_timestamp", "not a finite number"), ("length", "not an integer")],
+)
+def test_null_episode_metadata_cell_fails_that_episode_only(damaged, field, expected):
+    """A null cell in one episode's metadata row is that episode's bad input, named as such;
+    ingest records it and completes the others (a bare ``int(nan)`` used to stop the run)."""
+    p = damaged / "meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(p)
+    i = t.schema.get_field_index(field)
+    col = t.column(field).cast(pa.float64()).to_pylist()
+    col[1] = None
+    pq.write_table(t.set_column(i, field, pa.array(col, pa.float64())), p)
+    with pytest.raises(FloraDataError, match=expected) as ei:
+        open_dataset(damaged).episode(1)
+    assert (ei.value.episode, ei.value.field, ei.value.file) == (1, field, str(p))
+    res = ingest_dataset(damaged, progress=False)
+    assert res.ok_indices() == [0, 2] and list(res.errors()) == [1]
+    assert field in res.errors()[1]
+
+
+def test_v21_malformed_tasks_jsonl_names_the_file(tiny_v21, tmp_path):
+    root = tmp_path / "v21_tasks"
+    shutil.copytree(tiny_v21, root)
+    p = root / "meta/tasks.jsonl"
+    p.write_text(p.read_text() + '{"task_index": 9, "task" "no colon"}\n')
+    with pytest.raises(FloraDataError, match="bad tasks.jsonl line") as ei:
+        open_dataset(root)
+    assert ei.value.file == str(p)
+
+
+def test_a_dataset_opened_as_dot_keeps_its_folder_name(tiny_dataset, monkeypatch):
+    """Run from inside the dataset (``flora ingest .``), episodes are keyed by the folder's
+    name, as when the path is given: an empty name would key them ``/000000`` and a later
+    run by path would store every episode a second time."""
+    monkeypatch.chdir(tiny_dataset)
+    assert open_dataset(".").name == tiny_dataset.name
+    monkeypatch.chdir(tiny_dataset / "meta")
+    assert open_dataset("..").name == tiny_dataset.name
