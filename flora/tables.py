@@ -271,6 +271,13 @@ class TableStore:
             (skipped if done else todo).append(eid)
         return todo, skipped
 
+    def read_part(
+        self, table: str, episode_id: str, columns: list[str] | None = None
+    ) -> pd.DataFrame | None:
+        """One episode's written rows of ``table`` (``None`` when it has no part)."""
+        path = self._part(table, episode_id)
+        return pd.read_parquet(path, columns=columns) if path.exists() else None
+
     def read(self, table: str) -> pd.DataFrame:
         """All written episodes' rows of ``table`` (empty frame if none)."""
         parts = sorted(self._dir(table).glob("*.parquet"))

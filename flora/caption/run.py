@@ -371,6 +371,17 @@ def caption_episode(
     return EpisodeCaptions(eid, df, failures)
 
 
+#: The columns that tie a caption to the event it describes.
+SPAN = ("event_index", "start_us", "end_us")
+
+
+def _spans(df: pd.DataFrame | None) -> set[tuple[int, int, int]]:
+    """The ``(event_index, start_us, end_us)`` triples of an events or captions frame."""
+    if df is None or not len(df):
+        return set()
+    return {(int(k), int(s), int(e)) for k, s, e in df[list(SPAN)].itertuples(index=False)}
+
+
 # --------------------------------------------------------------------------- events input
 
 
@@ -520,6 +531,14 @@ def caption_dataset(
         wanted = {make_episode_id(ds.name, i) for i in episodes}
         order = [e for e in order if e in wanted]
     todo, skipped = store.split_pending(TABLE, order, redo=overwrite)
+    # Captions written for other event intervals (the episode was segmented again since)
+    # describe segments that no longer exist: such an episode is captioned again.
+    stale = {
+        e for e in skipped if _spans(store.read_part(TABLE, e, list(SPAN))) != _spans(groups[e])
+    }
+    redo = stale | set(todo)
+    todo = [e for e in order if e in redo]
+    skipped = [e for e in skipped if e not in stale]
 
     def step(eid: str) -> tuple[pd.DataFrame, list[Failure], dict[str, int]]:
         g = groups[eid]

@@ -200,9 +200,12 @@ def _decide_episode(
         rubric_total = float(pd.to_numeric(rb["total"], errors="coerce").iloc[0])
 
     # Captions by event index; rejections from the captioner's recorded failures.
-    caps: dict[int, str] = {}
+    # A caption belongs to an event by index *and* interval: one written before the episode
+    # was segmented again describes another segment, so it is stale, not this event's.
+    caps: dict[int, tuple[int, int, str]] = {}
     if cap is not None and len(cap):
-        caps = {int(k): str(c) for k, c in zip(cap.event_index, cap.caption, strict=True)}
+        caps = {int(k): (int(s), int(e), str(c)) for k, s, e, c in zip(
+            cap.event_index, cap.start_us, cap.end_us, cap.caption, strict=True)}  # fmt: skip
     rejected: dict[int, str] = {}
     for f in ann.failed("captions", eid):
         mm = _EVENT_ITEM.match(f.item)
@@ -240,7 +243,8 @@ def _decide_episode(
         if k >= 0 and dur > rules.duration.max_segment_s * 1e6:
             drop_r.append(f"duration: segment {_sec(dur)} > {rules.duration.max_segment_s} s")
         # Caption quality (pretraining only).
-        caption = caps.get(k) if k >= 0 else None
+        got = caps.get(k) if k >= 0 else None
+        caption = got[2] if got is not None and got[:2] == (s, e) else None
         if k < 0:
             status, cap_ok, cap_r = "none", False, "caption: no events, nothing to caption"
         elif caption is not None:
@@ -250,6 +254,10 @@ def _decide_episode(
             cap_r = (f"caption: {n} words" if cap_ok else
                      f"caption: {n} words outside [{rules.caption.min_words}, "
                      f"{rules.caption.max_words}]")  # fmt: skip
+        elif got is not None:
+            status, cap_ok = "missing", False
+            cap_r = (f"caption: stale, written for [{got[0]}, {got[1]}) µs (the episode was "
+                     "segmented again since it was captioned)")  # fmt: skip
         elif k in rejected:
             status, cap_ok = "rejected", False
             cap_r = f"caption: rejected ({rejected[k][:160]})"

@@ -154,3 +154,28 @@ def test_captions_suite_rejects_bad_tables(tiny_dataset, episode0_table, column,
         assert_valid("captions", bad)
     missing = validate_table("captions", df.drop(columns=["missing_views"]))
     assert "missing_views" in {r.column for r in missing.failures}
+
+
+def test_an_episode_segmented_again_is_captioned_again(tiny_dataset, tmp_path):
+    """A rerun over new events of one episode (merged segments, as after ``segment
+    --overwrite``) captions that episode again instead of keeping captions of intervals
+    that no longer exist; the unchanged episodes are skipped and nothing is duplicated."""
+    ev = _gt_frame(tiny_dataset)
+    backend = GroundTruthCaptionBackend(tiny_dataset)
+    first = caption_dataset(tiny_dataset, ev, tmp_path, backend, "run-1", progress=False)
+    one = ev[ev.episode_index == 1].sort_values("start_us").reset_index(drop=True)
+    merged = pd.concat([one.iloc[[0]], one.iloc[[1]].assign(end_us=one.end_us.iloc[2]),
+                        one.iloc[3:]])  # fmt: skip
+    ev2 = pd.concat([ev[ev.episode_index != 1], merged], ignore_index=True)
+    again = caption_dataset(tiny_dataset, ev2, tmp_path, backend, "run-2", progress=False)
+    eid = f"{tiny_dataset.name}/000001"
+    assert again.processed == [eid] and eid not in again.skipped and len(again.skipped) == 2
+    got = again.captions[again.captions.episode_id == eid]
+    assert len(got) + len(again.failures) == len(merged)
+    assert {(r.start_us, r.end_us) for r in got.itertuples()} <= {
+        (r.start_us, r.end_us) for r in merged.itertuples()
+    }
+    assert set(got.run_id) == {"run-2"}
+    others = again.captions[again.captions.episode_id != eid]
+    assert len(others) == len(first.captions[first.captions.episode_id != eid])
+    assert set(others.run_id) == {"run-1"}

@@ -86,6 +86,23 @@ def test_rejected_captions_and_caption_quality(tmp_path):
     assert not strict.policy and "on_rejected=drop" in strict.drop_reason
 
 
+def test_a_caption_of_another_interval_is_stale_not_this_events(tmp_path):
+    """Events written again after captioning (segments 1 and 2 merged): each caption is
+    tied to its event by index *and* interval, so the old captions are not pinned on the
+    new segments with the same indices (they would go to pretraining mislabelled)."""
+    t = Tables(tmp_path / "t")
+    t.full(0, SPANS)
+    merged = [SPANS[0], (2.0, 6.0, ""), SPANS[3]]
+    t.events(0, merged)
+    res = _decide(tmp_path, meta({0: "a"}))
+    assert _row(res, 0, 0).caption == SPANS[0][2] and _row(res, 0, 0).pretrain
+    for k in (1, 2):
+        row = _row(res, 0, k)
+        assert row.caption_status == "missing" and not row.pretrain and row.policy
+        assert "caption: stale, written for [" in row.reason
+    assert len(res[res.episode_id == eid(0)]) == 3
+
+
 def test_duration_rules(tmp_path):
     t = Tables(tmp_path / "t")
     spans = [(0.5, 0.6, "reach toward the red block"), (1.0, 9.0, "move the red block away")]
