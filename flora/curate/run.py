@@ -155,17 +155,18 @@ def curate_dataset(
         raise EmptyMixtureError(f"dataset {name}: no readable episode to curate")
     ann = load_annotations(tables)
     decisions = decide(ann, meta, rules, run_id)
+    # Validated before any part is written: a table that fails its suite leaves none.
+    assert_valid(DECISIONS, decisions, dataset=name)
     store = TableStore(out)
     processed, skipped = [], []
     for eid, g in decisions.groupby("episode_id", sort=True):
         part = g.reset_index(drop=True)
-        old = store._part(DECISIONS, str(eid))
-        if resume and old.exists() and _same(part, pd.read_parquet(old)):
+        old = store.read_part(DECISIONS, str(eid)) if resume else None
+        if old is not None and store.has(DECISIONS, str(eid)) and _same(part, old):
             skipped.append(str(eid))
             continue
-        store.write(DECISIONS, str(eid), part)
+        store.commit(DECISIONS, str(eid), part, [])  # written and committed (no pending mark)
         processed.append(str(eid))
-    assert_valid(DECISIONS, decisions, dataset=name)
     clusters = None
     if rules.rebalance.verb_source == "cluster":
         from flora.curate.failures import cluster_texts

@@ -64,6 +64,16 @@ class Annotations:
     def failed(self, name: str, episode_id: str) -> list[Failure]:
         return self.failures.get(name, {}).get(episode_id, [])
 
+    def for_dataset(self, dataset: str) -> Annotations:
+        """Only the rows and failure records of ``dataset``'s episodes: one tables root
+        (``FLORA_HOME/outputs``) holds every dataset the engine has labelled."""
+        prefix = f"{dataset}/"
+        tables = {t: df[df.episode_id.astype(str).str.startswith(prefix)].reset_index(drop=True)
+                  for t, df in self.tables.items()}  # fmt: skip
+        failures = {t: {e: f for e, f in fs.items() if e.startswith(prefix)}
+                    for t, fs in self.failures.items()}  # fmt: skip
+        return Annotations(tables, failures, dict(self.roots))
+
     def present(self, name: str) -> bool:
         """True when the table has any rows or recorded failures (its step ran)."""
         return len(self.table(name)) > 0 or bool(self.failures.get(name))

@@ -236,7 +236,7 @@ def export_lerobot(
             raise ValueError(f"--out {target} is the source dataset or inside it; "
                              "pass --in-place to modify the source")  # fmt: skip
         _check_target(target, overwrite)
-    ann = load_annotations(tables)
+    ann = load_annotations(tables, EXPORT_TABLES).for_dataset(ds.name)
     lang = language_by_episode(ds.name, ann.tables)
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))

@@ -201,3 +201,34 @@ def test_cli_export_refuses_existing_target(tiny_dataset, oracle_tables, tmp_pat
                                      "--tables", str(oracle_tables), *extra])  # fmt: skip
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["episodes"] == 3
+
+
+def test_export_ships_this_datasets_rows_and_curation_only(tiny_dataset, oracle_tables, tmp_path):
+    """One tables root holds every dataset the engine labelled: an export carries its own
+    dataset's rows and failure records only, and the curation decisions beside them."""
+    from flora.curate.run import curate_dataset
+    from flora.export.lerobot import export_lerobot, read_annotations
+    from flora.tables import Failure, TableStore
+
+    tables = tmp_path / "tables"
+    shutil.copytree(oracle_tables, tables)
+    store = TableStore(tables)
+    ev = store.read("events")
+    other = ev[ev.episode_id == ev.episode_id.iloc[0]].assign(
+        episode_id="other_fleet/000000", dataset="other_fleet"
+    )
+    store.commit("events", "other_fleet/000000", other, [])
+    store.commit("captions", "other_fleet/000001", None,
+                 [Failure("captions", "other_fleet/000001", "event 0", "grammar")])  # fmt: skip
+    cur = curate_dataset(tiny_dataset, tables, tables, "cur-run")
+    res = export_lerobot(tiny_dataset, tables, tmp_path / "export")
+    shipped = read_annotations(tmp_path / "export")
+    assert res.tables["events"] == len(ev) and len(shipped["events"]) == len(ev)
+    for name, df in shipped.items():
+        if "episode_id" in df.columns:
+            assert not df.episode_id.str.startswith("other_fleet/").any(), name
+    fdir = tmp_path / "export/flora_annotations/_failures"
+    fails = [f for p in fdir.glob("*.json") for f in json.loads(p.read_text())]
+    assert all(not f["episode_id"].startswith("other_fleet/") for f in fails)
+    assert len(shipped["curation"]) == len(cur.decisions) == res.tables["curation"]
+    assert TableStore(tables).pending("curation") == []  # decisions committed, not pending
