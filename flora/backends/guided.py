@@ -51,6 +51,8 @@ JSON_RESAMPLES = 2
 #: Prefixes whose allowed-token lists a mask keeps before starting afresh.
 MASK_CACHE = 50_000
 MAX_PATTERN_CHARS = 100_000
+#: Object/array nesting a JSON schema may have (jsonschema recurses through it).
+MAX_SCHEMA_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,9 @@ def compile_regex(pattern: str) -> Any:
 
 
 def check_schema(schema: Any) -> dict[str, Any]:
-    """A JSON schema, checked against its metaschema; ``RequestError`` if invalid."""
+    """A JSON schema, checked against its metaschema, with every ``$ref`` resolved within
+    it (or to a known metaschema); ``RequestError`` if invalid, so a bad schema is a 400
+    before any generation."""
     import jsonschema
 
     if isinstance(schema, str):  # vLLM accepts the schema as a JSON string too
@@ -97,11 +101,72 @@ def check_schema(schema: Any) -> dict[str, Any]:
             raise RequestError(f"guided JSON schema is not valid JSON: {e}") from e
     if not isinstance(schema, dict):
         raise RequestError(f"guided JSON schema must be an object, got {type(schema).__name__}")
+    # jsonschema walks a schema recursively: a deep one would be a RecursionError (a 500).
+    if _depth_over(schema, MAX_SCHEMA_DEPTH):
+        raise RequestError(f"guided JSON schema is nested over {MAX_SCHEMA_DEPTH} levels deep")
+    dialect = schema.get("$schema")
+    if "$schema" in schema and not isinstance(dialect, str):
+        # validator_for looks it up in a dict: a list is a TypeError, an int worse.
+        raise RequestError(f"guided JSON schema $schema must be a string, got {dialect!r:.80}")
+    cls = jsonschema.validators.validator_for(schema, default=None)
+    if cls is None and dialect is None:
+        cls = jsonschema.validators.validator_for(schema)  # no $schema: the latest draft
+    elif cls is None:
+        raise RequestError(f"guided JSON schema $schema {dialect!r:.200} is not a known draft")
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
+        cls.check_schema(schema)
+        _check_refs(schema, cls)
     except jsonschema.SchemaError as e:
         raise RequestError(f"guided JSON schema is invalid: {e.message}") from e
+    except RecursionError as e:  # the depth bound should make this unreachable
+        raise RequestError("guided JSON schema is nested too deep") from e
     return schema
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests objects/arrays more than ``limit`` levels (iterative)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            if d > limit:
+                return True
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def _check_refs(schema: dict[str, Any], cls: Any) -> None:
+    """Look up every reference in ``schema`` as validation would, from the subschema that
+    holds it; no remote retrieval (the registry holds only the known metaschemas).
+    ``RequestError`` for one that does not resolve to a schema."""
+    import referencing.exceptions
+    import referencing.jsonschema
+    from jsonschema_specifications import REGISTRY
+
+    spec = referencing.jsonschema.specification_with(
+        cls.ID_OF(cls.META_SCHEMA), default=referencing.Specification.OPAQUE
+    )
+    root = spec.create_resource(schema)
+    stack = [(REGISTRY.resolver_with_root(root), root)]
+    while stack:
+        resolver, resource = stack.pop()
+        contents = resource.contents
+        if isinstance(contents, dict):
+            for key in ("$ref", "$dynamicRef", "$recursiveRef"):
+                ref = contents.get(key)
+                if key not in cls.VALIDATORS or ref is None:
+                    continue  # not a keyword of this draft: validation ignores it
+                if not isinstance(ref, str):
+                    raise RequestError(f"guided JSON schema {key} must be a string")
+                try:
+                    target = resolver.lookup(ref).contents
+                except referencing.exceptions.Unresolvable as e:
+                    raise RequestError(
+                        f"guided JSON schema {key} {ref!r:.200} does not resolve"
+                    ) from e
+                if not isinstance(target, dict | bool):
+                    raise RequestError(f"guided JSON schema {key} {ref!r:.200} is not a schema")
+        stack.extend((resolver.in_subresource(sub), sub) for sub in resource.subresources())
 
 
 def guide_from_body(data: dict[str, Any]) -> Guide:
@@ -141,12 +206,22 @@ def guide_from_body(data: dict[str, Any]) -> Guide:
 
 
 def json_ok(text: str, schema: dict[str, Any]) -> bool:
-    """Whether ``text`` is JSON valid under ``schema``."""
+    """Whether ``text`` is JSON valid under ``schema``; a schema that cannot be applied
+    (invalid, a ``$ref`` that does not resolve) makes every text not ok."""
     import jsonschema
+    import referencing
+    import referencing.exceptions
 
     try:
-        jsonschema.validate(json.loads(text), schema)
-    except (ValueError, jsonschema.ValidationError, RecursionError):
+        # An empty registry: a remote $ref is unresolvable, never fetched.
+        jsonschema.validate(json.loads(text), schema, registry=referencing.Registry())
+    except (
+        ValueError,
+        jsonschema.ValidationError,
+        jsonschema.SchemaError,
+        referencing.exceptions.Unresolvable,
+        RecursionError,
+    ):
         return False
     return True
 
@@ -300,6 +375,7 @@ def token_strings(tokenizer: Any, vocab_size: int) -> list[str | None]:
 __all__ = [
     "Guide",
     "JSON_RESAMPLES",
+    "MAX_SCHEMA_DEPTH",
     "MaskCache",
     "PrefixMask",
     "RegexMask",

@@ -143,15 +143,40 @@ def _validation_message(e: ValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+def _reserved_tokens(proc: Any) -> list[str]:
+    """The strings a client's text must not hold: the processor's vision tokens and every
+    special token of its tokenizer (longest first)."""
+    tok = proc.tokenizer
+    out = {
+        getattr(proc, a, None)
+        for a in ("image_token", "video_token", "vision_start_token", "vision_end_token")
+    }
+    out |= set(getattr(tok, "all_special_tokens", []) or [])
+    added = getattr(tok, "added_tokens_decoder", {}) or {}
+    out |= {getattr(t, "content", None) for t in added.values() if getattr(t, "special", False)}
+    return sorted((t for t in out if isinstance(t, str) and t), key=len, reverse=True)
+
+
 def prompt_tokens(backend: TransformersBackend, chat: Chat) -> int:
     """Prompt length in tokens, without running the vision processor.
 
     The chat template is rendered and tokenised (each image is one placeholder token
     there); every placeholder then counts as the number of visual tokens the image
     processor will give that image size. Raises ``RequestError`` for a chat the template
-    or the image processor refuses (a client fault, not a server one).
+    or the image processor refuses (a client fault, not a server one), and for text that
+    holds a reserved token (:func:`_reserved_tokens`).
     """
     proc = backend.processor
+    # All special tokens, not only the vision ones: text is tokenised with them live, so
+    # <|im_end|><|im_start|> would forge a turn; Flora's own requests never hold one.
+    reserved = _reserved_tokens(proc)
+    for k, m in enumerate(chat.messages):
+        content = m.get("content")
+        for p in [{"text": content}] if isinstance(content, str) else content or []:
+            text = p.get("text") if isinstance(p, dict) else None
+            hit = next((t for t in reserved if isinstance(text, str) and t in text), None)
+            if hit is not None:  # a vision token would also make the processor fail (500)
+                raise RequestError(f"messages[{k}] text holds the reserved token {hit!r}")
     try:
         text = render_prompt(proc, chat)
     except Exception as e:  # noqa: BLE001 - template errors come from the message layout
