@@ -167,8 +167,9 @@ def parse_outcome(text: str) -> int | Rejection:
     m = _GRAMMAR.match(text)
     if m is None:
         return Rejection("outcome: expected exactly 'score: K' with K in 1..5", text)
-    digits = m.group(1).lstrip("0") or "0"
-    # Compare digits, not int(): int() refuses more than 4,300 digits (ValueError).
+    # One digit, as written: a leading zero ("05") is not K, and the score position would
+    # then be the '0' token. Compare digits, not int(): int() refuses over 4,300 digits.
+    digits = m.group(1)
     if len(digits) != 1 or int(digits) not in SCORES:
         shown = digits if len(digits) <= 12 else f"{digits[:6]}…({len(digits)} digits)"
         return Rejection(f"outcome: score {shown} outside 1..5", text)

@@ -52,9 +52,15 @@ class Step(BaseModel):
     @classmethod
     def _name(cls, v: str) -> str:
         v = v.strip()
-        # The name is the key of a grammar line, so it must be one line without ':'.
-        if not v or ":" in v or "\n" in v or v.startswith("<"):
+        # The name is the key of a grammar line, so it must be one line without ':'. One
+        # line as the parser splits (str.splitlines: \r, \v, \x1c, \u2028 … not only \n).
+        if not v or ":" in v or v.startswith("<"):
             raise ValueError(f"step name {v!r} must be non-empty, one line, without ':' or '<'")
+        if v.splitlines() != [v]:
+            raise ValueError(
+                f"step name {v!r} must be one line: it holds a line break (\\n, \\r, \\v, "
+                "\\f, \\x1c-\\x1e, \\x85, \\u2028 or \\u2029)"
+            )
         return v
 
     @field_validator("allowed")

@@ -139,10 +139,22 @@ def test_outcome_grammar_round_trip(k):
 
 
 @pytest.mark.parametrize(
-    "text", ["score: 0", "score: 6", "score 3", "Score: 3", "score: 3.5", "score: 3\nextra", ""]
-)
+    "text",
+    ["score: 0", "score: 6", "score 3", "Score: 3", "score: 3.5", "score: 3\nextra", "",
+     "score: 05", "score: 0005", "score: 00"],
+)  # fmt: skip
 def test_outcome_grammar_rejects(text):
     assert isinstance(parse_outcome(text), Rejection)
+
+
+def test_leading_zero_score_is_rejected_not_read_at_the_zero_token():
+    """``score: 05`` once parsed as 5 and read the score distribution at the '0' token (the
+    model's first-digit alternatives): a silently wrong reward. K is one digit 1..5."""
+    toks = [TokenLogprob("score", -0.01), TokenLogprob(":", -0.01), TokenLogprob(" ", -0.01),
+            TokenLogprob("0", -0.1, {"0": -0.1, "1": -2.5}),
+            TokenLogprob("5", -0.01, {"5": -0.01, "4": -5.0})]  # fmt: skip
+    rej = parse_outcome_response(VLMResponse("score: 05", toks))
+    assert isinstance(rej, Rejection) and "score 05 outside 1..5" in rej.reason
 
 
 def test_render_outcome_refuses_out_of_range():

@@ -63,6 +63,15 @@ def test_rubric_other_schema_errors():
         load_rubric({"task": "t", "steps": []})
 
 
+@pytest.mark.parametrize("brk", ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e",
+                                 "\x85", "\u2028", "\u2029"])  # fmt: skip
+def test_step_name_with_any_line_break_is_refused(brk):
+    """The parser splits lines where str.splitlines does: a name holding '\\r' was accepted
+    and then no answer could ever parse."""
+    with pytest.raises(ValidationError, match="must be one line: it holds a line break"):
+        Step(name=f"grasp{brk}cup", allowed=[1])
+
+
 def test_load_rubric_yaml_and_json(tmp_path):
     import yaml
 
