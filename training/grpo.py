@@ -871,6 +871,7 @@ def load_policy(
 
     from flora.backends.processing import load_processor
     from training.sft import apply_trainable, check_processor, model_paths, verify_model_dir
+    from training.sizes import check_family
 
     man = verify_model_dir(sft_model_dir)
     if man.get("model") != recipe.model:
@@ -878,6 +879,7 @@ def load_policy(
             f"{sft_model_dir} is a {man.get('model')!r} model, the recipe trains {recipe.model!r}"
         )
     path, adapter = model_paths(sft_model_dir)
+    check_family(recipe.family, path, f"recipe {recipe.model}-{recipe.size}")  # as SFT does
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     processor = load_processor(path, "images")
     model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype)

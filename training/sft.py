@@ -26,11 +26,15 @@ sampler state.
 **Checkpoints** (every ``checkpoint_every`` steps): DeepSpeed's own (model, optimizer,
 scheduler) plus client state (step, RNG states, best eval loss, patience counter) and a
 ``flora_checkpoint.json`` manifest written last (model, recipe digest, base fingerprint,
-sha256 of every file). Resume refuses a checkpoint without a manifest (foreign or
-half-written), of another model or recipe, or whose files do not match their hashes
-(corrupt). A NaN/inf loss stops training with :class:`DivergedError` before the optimizer
-step, leaving the last good checkpoint untouched. The final model is exported to a
-temporary folder and renamed into place; only then is it logged and registered.
+world size, sha256 of every file), in a temporary folder renamed to ``step<N>`` after
+that. Resume refuses a checkpoint without a manifest (foreign or half-written), of another
+model, recipe or world size, or whose files do not match their hashes (corrupt); the
+latest checkpoint is the highest step with a manifest. A new run refuses a checkpoint
+folder that already holds ``step*`` folders, and pruning removes only this run's older
+checkpoints. A NaN/inf loss (training or held-out) stops training with
+:class:`DivergedError` before that state is stepped, saved or exported, leaving the last
+good checkpoint untouched. The final model is exported to a temporary folder and renamed
+into place; only then is it logged and registered.
 """
 
 from __future__ import annotations
@@ -471,8 +475,13 @@ def _files(root: Path) -> dict[str, str]:
     }
 
 
-def verify_checkpoint(ckpt: Path, *, model: str, recipe_digest: str, base_id: str) -> dict:
-    """The checkpoint's manifest if it may be resumed from; else :class:`CheckpointError`."""
+def verify_checkpoint(
+    ckpt: Path, *, model: str, recipe_digest: str, base_id: str, world_size: int | None = None
+) -> dict:
+    """The checkpoint's manifest if it may be resumed from; else :class:`CheckpointError`.
+
+    ``world_size`` (when given) must be the one that wrote it: the data order and the
+    per-rank RNG and optimizer state assume the same number of ranks."""
     ckpt = Path(ckpt)
     man_path = ckpt / CHECKPOINT_MANIFEST
     if not ckpt.is_dir():
@@ -494,6 +503,11 @@ def verify_checkpoint(ckpt: Path, *, model: str, recipe_digest: str, base_id: st
         raise CheckpointError(f"checkpoint {ckpt} was written under another recipe")
     if man.get("base") != base_id:
         raise CheckpointError(f"checkpoint {ckpt} is of base {man.get('base')!r}, not {base_id!r}")
+    if world_size is not None and man.get("world_size") != world_size:
+        raise CheckpointError(
+            f"checkpoint {ckpt} was written by world size {man.get('world_size')}, this run "
+            f"has world size {world_size}: resume it with the same number of ranks"
+        )
     files = man.get("files") or {}
     got = _files(ckpt)
     for rel, digest in files.items():
@@ -504,12 +518,30 @@ def verify_checkpoint(ckpt: Path, *, model: str, recipe_digest: str, base_id: st
     return man
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The highest-step ``step*`` checkpoint directory under ``root`` (any state)."""
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every ``step<N>`` folder under ``root``, by step."""
     if not root.is_dir():
+        return []
+    return sorted((int(p.name[4:]), p) for p in root.glob("step*") if p.name[4:].isdigit())
+
+
+def _manifest(ckpt: Path) -> dict[str, Any] | None:
+    try:
+        man = json.loads((ckpt / CHECKPOINT_MANIFEST).read_text())
+    except (OSError, ValueError):
         return None
-    steps = [(int(p.name[4:]), p) for p in root.glob("step*") if p.name[4:].isdigit()]
-    return max(steps)[1] if steps else None
+    return man if isinstance(man, dict) else None
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The highest-step complete ``step*`` checkpoint under ``root`` (one with its manifest).
+
+    A ``step*`` folder without a manifest (foreign, or cut off while saving by a trainer
+    that saved in place) is skipped, so a retry resumes from the last complete checkpoint;
+    resuming from such a folder by its path is refused by :func:`verify_checkpoint`.
+    """
+    done = [p for _, p in _step_dirs(root) if (p / CHECKPOINT_MANIFEST).is_file()]
+    return done[-1] if done else None
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -616,13 +648,26 @@ def train_sft(
 
     from flora.backends.processing import load_processor
     from flora.backends.transformers_backend import fingerprint_dir
-    from training.sizes import resolve_base
+    from training.sizes import check_family, resolve_base
 
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     set_path = Path(set_path)
     out = Path(output_dir)
     for d in (out / "best", out / "model"):
         check_model_out(d)  # refuse a user's folder there before any training
+    ckpt_root = out / "checkpoints"
+    earlier = _step_dirs(ckpt_root)
+    continues = resume is True or (
+        bool(resume) and Path(resume).resolve().parent == ckpt_root.resolve()
+    )
+    if earlier and not continues:
+        # A new run (or one resumed from elsewhere) would prune or overwrite them as its own:
+        # someone's checkpoints are never deleted.
+        raise TrainingError(
+            f"{ckpt_root} already holds checkpoints of another run "
+            f"({', '.join(p.name for _, p in earlier)}): resume it, or train into another "
+            "output folder (delete them yourself if they are disposable)"
+        )
     rank, world = init_distributed(local_rank)
     torch.manual_seed(recipe.seed)
     np.random.seed(recipe.seed)
@@ -635,6 +680,10 @@ def train_sft(
         )
     except (FileNotFoundError, ValueError) as e:
         raise TrainingError(f"recipe {recipe.model}-{recipe.size}: missing base: {e}") from e
+    try:
+        check_family(recipe.family, base_dir, f"recipe {recipe.model}-{recipe.size}")
+    except ValueError as e:
+        raise TrainingError(str(e)) from None
     base_id = f"{recipe.base}@{fingerprint_dir(base_dir)[:16]}"
     init = resolve_init(recipe, base_id)
     processor = load_processor(base_dir, "images")
@@ -666,14 +715,17 @@ def train_sft(
 
     engine, optimizer, scheduler = deepspeed_engine(model, groups, recipe, world, total_steps)
 
-    ckpt_root = out / "checkpoints"
     step, best, bad_evals, history = 0, None, 0, []
     if resume:
         ckpt = latest_checkpoint(ckpt_root) if resume is True else Path(resume)
         if ckpt is None:
             raise CheckpointError(f"--resume: no checkpoint under {ckpt_root}")
         man = verify_checkpoint(
-            ckpt, model=recipe.model, recipe_digest=recipe.digest(), base_id=base_id
+            ckpt,
+            model=recipe.model,
+            recipe_digest=recipe.digest(),
+            base_id=base_id,
+            world_size=world,
         )
         _, client = engine.load_checkpoint(
             str(ckpt.parent),
@@ -750,6 +802,12 @@ def train_sft(
             if step % recipe.eval_every == 0 or step == stop_at:
                 if eval_items:
                     ev = evaluate_loss(engine, eval_items, processor, recipe, rank, world, device)
+                    if not math.isfinite(ev):  # a NaN first eval became "best", was exported
+                        raise DivergedError(
+                            f"{recipe.model}: held-out loss is not finite at step {step}; "
+                            "nothing saved or exported from it, last good checkpoint: "
+                            f"{latest_checkpoint(ckpt_root) or 'none'}"
+                        )
                     rec["eval_loss"] = ev
                     if best is None or ev < best:
                         best, bad_evals = ev, 0
@@ -831,11 +889,19 @@ def _save_checkpoint(
     import torch.distributed as dist
 
     tag = f"step{step}"
+    ckpt = root / tag
+    # Saved under a temporary name (the same on every rank) and renamed into place once its
+    # manifest is written: a run killed while saving leaves no step* folder behind.
+    partial = f".{tag}.partial"
+    if rank == 0 and (root / partial).exists():
+        shutil.rmtree(root / partial)  # left by a run killed while saving this step
+    _barrier()
     rngs: list[Any] = [None] * world
     dist.all_gather_object(rngs, _rng_state())
-    engine.save_checkpoint(str(root), tag=tag, client_state={**client, "rng": rngs})
+    engine.save_checkpoint(
+        str(root), tag=partial, client_state={**client, "rng": rngs}, save_latest=False
+    )
     _barrier()
-    ckpt = root / tag
     if rank == 0:
         man = {
             "format": CHECKPOINT_FORMAT,
@@ -844,11 +910,25 @@ def _save_checkpoint(
             "recipe_digest": recipe.digest(),
             "base": base_id,
             "world_size": world,
-            "files": _files(ckpt),
+            "files": _files(root / partial),
         }
-        (ckpt / CHECKPOINT_MANIFEST).write_text(json.dumps(man, indent=2, sort_keys=True))
-        old = sorted((int(p.name[4:]), p) for p in root.glob("step*") if p.name[4:].isdigit())
-        for _, p in old[: -recipe.keep_checkpoints]:
+        (root / partial / CHECKPOINT_MANIFEST).write_text(json.dumps(man, indent=2, sort_keys=True))
+        replaced = root / f".{tag}.old"
+        if ckpt.exists():  # this run's own, from before the checkpoint it resumed
+            ckpt.rename(replaced)
+        (root / partial).rename(ckpt)
+        shutil.rmtree(replaced, ignore_errors=True)
+        (root / "latest").write_text(tag)  # DeepSpeed's pointer (its zero_to_fp32 reads it)
+        # Only this run's older checkpoints go (same model, recipe and base, lower step);
+        # a later step or another run's folder is never pruned.
+        older = [
+            p
+            for n, p in _step_dirs(root)
+            if n < step
+            and (m := _manifest(p)) is not None
+            and all(m.get(k) == man[k] for k in ("model", "recipe_digest", "base"))
+        ]
+        for p in older[: max(0, len(older) - (recipe.keep_checkpoints - 1))]:
             shutil.rmtree(p, ignore_errors=True)
     _barrier()
     return ckpt

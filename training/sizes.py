@@ -172,6 +172,32 @@ def rescale_embedding(path: Path, embed_std: float, init_std: float) -> None:
     marker.write_text(json.dumps(info, sort_keys=True))
 
 
+# A recipe's ``family`` -> the ``model_type`` in its base's config.json (transformers 5).
+FAMILY_MODEL_TYPES: dict[str, str] = {
+    "qwen3_vl": "qwen3_vl",
+    "qwen2_5_vl": "qwen2_5_vl",
+    "qwen3_5": "qwen3_5",
+}
+
+
+def check_family(family: str, base: str | Path, where: str) -> None:
+    """Refuse a base (a checkpoint folder or a hub id) that is not of the recipe's ``family``.
+
+    SFT and GRPO both call it before loading any weights: a recipe's settings (LoRA
+    targets, trainable prefixes, processor) are chosen for its family, and a base of
+    another family would otherwise train silently. :class:`ValueError` naming both.
+    """
+    from transformers import AutoConfig
+
+    want = FAMILY_MODEL_TYPES.get(family)
+    got = AutoConfig.from_pretrained(str(base)).model_type
+    if want is None or got != want:
+        raise ValueError(
+            f"{where}: family {family!r} needs a base of model_type {want!r}, "
+            f"base {base} is {got!r}"
+        )
+
+
 def repo_path(path: str | Path) -> Path:
     """A path named in a recipe: as given, else (relative and not found from the working
     directory) relative to the repository root, where the released ``models/`` live."""
@@ -233,6 +259,7 @@ def resolve_base(
 
 
 __all__ = [
+    "FAMILY_MODEL_TYPES",
     "PRODUCTION_BASES",
     "SIZES",
     "SIZE_NAMES",
@@ -241,6 +268,7 @@ __all__ = [
     "TINY_SPEC",
     "ModelSize",
     "build_base",
+    "check_family",
     "default_cache",
     "get_size",
     "repo_path",

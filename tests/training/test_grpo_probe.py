@@ -175,3 +175,14 @@ def test_grpo_probe_patience_ends_the_run(seg_export, seg_set, tiny_base, target
     assert res.stopped_early and res.steps == 3 and res.kept_step == 1
     history = json.loads((tmp_path / "g" / "log" / "history.json").read_text())
     assert [h.get("grpo.probe_reward") for h in history] == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_grpo_refuses_a_recipe_of_another_family_than_its_sft_base(
+    seg_export, seg_set, tiny_base, tmp_path
+):
+    # The same check as SFT's (training.sizes.check_family), before any weights load.
+    r = tiny_recipe("segmenter", tiny_base, family="qwen3_5")
+    with pytest.raises(ValueError, match="family 'qwen3_5' needs .*'qwen3_5'.*'qwen3_vl'"):
+        train_grpo(r, seg_export, seg_set, tmp_path, backend=Answers(lambda *_: "0 40 1 1"),
+                   log_mlflow=False, progress=False)  # fmt: skip
+    assert not (tmp_path / "model").exists()

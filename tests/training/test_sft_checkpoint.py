@@ -1,4 +1,5 @@
-"""Checkpoints: exact resume, NaN stop keeps the last good one, foreign/corrupt refused."""
+"""Checkpoints: exact resume, NaN stop keeps the last good one, foreign/corrupt refused,
+half-written never latest, another run's never pruned, world size and base family checked."""
 
 from __future__ import annotations
 
@@ -95,8 +96,114 @@ def test_foreign_checkpoint_is_refused(cut, tiny_base, mini_set, tmp_path) -> No
     foreign = work / "checkpoints" / "step9"
     foreign.mkdir()
     torch.save({"module": {}}, foreign / "mp_rank_00_model_states.pt")
+    # Never the latest (a retry resumes from step3); resuming from it by name is refused.
+    assert sft.latest_checkpoint(work / "checkpoints") == work / "checkpoints" / "step3"
     with pytest.raises(CheckpointError, match="no flora_checkpoint.json.*foreign"):
+        train_sft(
+            _recipe(tiny_base), mini_set, work, resume=foreign, log_mlflow=False, progress=False
+        )
+
+
+class _Killed(Exception):
+    """Stands for the process dying."""
+
+
+def test_a_checkpoint_cut_off_while_saving_leaves_the_last_complete_one_to_resume(
+    tiny_base, mini_set, tmp_path, monkeypatch
+) -> None:
+    real = sft._files
+
+    def dying(root):  # killed after DeepSpeed wrote step3, before its manifest
+        if "step3" in root.name:
+            raise _Killed
+        return real(root)
+
+    monkeypatch.setattr(sft, "_files", dying)
+    r = _recipe(tiny_base, checkpoint_every=1)
+    with pytest.raises(_Killed):
+        train_sft(r, mini_set, tmp_path, log_mlflow=False, progress=False)
+    monkeypatch.undo()
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step*")) == ["step1", "step2"]
+    assert sft.latest_checkpoint(ckpts) == ckpts / "step2"
+    # What training.pipeline.sft does on a retry: resume when there is a latest checkpoint.
+    res = train_sft(r, mini_set, tmp_path, resume=True, log_mlflow=False, progress=False)
+    assert res.steps == 4
+    sft.verify_checkpoint(
+        ckpts / "step3", model="captioner", recipe_digest=r.digest(), base_id=_base_id(tmp_path)
+    )
+
+
+def test_a_new_run_refuses_a_folder_with_another_runs_checkpoints(
+    cut, tiny_base, mini_set, tmp_path
+) -> None:
+    out, _ = cut
+    work = tmp_path / "w"
+    shutil.copytree(out, work)
+    ckpts = work / "checkpoints"
+    before = {p.name: sft._files(p) for p in ckpts.glob("step*")}
+    with pytest.raises(TrainingError, match=r"already holds checkpoints .*\(step2, step3\)"):
+        train_sft(
+            _recipe(tiny_base, lr=2e-3),
+            mini_set,
+            work,
+            max_steps=2,
+            log_mlflow=False,
+            progress=False,
+        )
+    assert {p.name: sft._files(p) for p in ckpts.glob("step*")} == before
+
+
+def test_pruning_removes_only_this_runs_older_checkpoints(tiny_base, mini_set, tmp_path) -> None:
+    r = _recipe(tiny_base, checkpoint_every=1, keep_checkpoints=1)
+    train_sft(r, mini_set, tmp_path, max_steps=1, log_mlflow=False, progress=False)
+    ckpts = tmp_path / "checkpoints"
+    shutil.copytree(ckpts / "step1", ckpts / "step7")  # a later step: not this run's past
+    train_sft(
+        r, mini_set, tmp_path, resume=ckpts / "step1", max_steps=2, log_mlflow=False, progress=False
+    )
+    assert sorted(p.name for p in ckpts.glob("step*")) == ["step2", "step7"]
+
+
+def test_a_non_finite_held_out_loss_stops_before_saving_or_exporting(
+    tiny_base, mini_set, tmp_path, monkeypatch
+) -> None:
+    real, calls = sft.evaluate_loss, {"n": 0}
+
+    def nan_at_step_2(*args, **kw):
+        calls["n"] += 1
+        ev = real(*args, **kw)
+        return float("nan") if calls["n"] == 2 else ev
+
+    monkeypatch.setattr(sft, "evaluate_loss", nan_at_step_2)
+    r = _recipe(tiny_base, eval_every=1, checkpoint_every=1)
+    with pytest.raises(DivergedError, match="held-out loss is not finite at step 2.*step1"):
+        train_sft(r, mini_set, tmp_path, log_mlflow=False, progress=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step*")) == ["step1"]
+    assert not (tmp_path / "model").exists()
+
+
+def test_resume_under_another_world_size_is_refused(cut, tiny_base, mini_set, tmp_path) -> None:
+    import json
+
+    out, _ = cut
+    work = tmp_path / "w"
+    shutil.copytree(out, work)
+    man_path = work / "checkpoints" / "step3" / sft.CHECKPOINT_MANIFEST
+    man = json.loads(man_path.read_text())
+    assert man["world_size"] == 1
+    man_path.write_text(json.dumps({**man, "world_size": 2}))  # as if two ranks wrote it
+    with pytest.raises(CheckpointError, match="world size 2, this run has world size 1"):
         train_sft(_recipe(tiny_base), mini_set, work, resume=True, log_mlflow=False, progress=False)
+
+
+def test_a_base_of_another_family_than_the_recipes_is_refused(
+    tiny_base, mini_set, tmp_path
+) -> None:
+    with pytest.raises(TrainingError, match="family 'qwen2_5_vl' needs .*'qwen2_5_vl'.*'qwen3_vl'"):
+        r = _recipe(tiny_base, family="qwen2_5_vl")
+        train_sft(r, mini_set, tmp_path, log_mlflow=False, progress=False)
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_corrupt_checkpoint_is_refused(cut, tiny_base, mini_set, tmp_path) -> None:
