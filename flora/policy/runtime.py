@@ -178,8 +178,17 @@ class RTCRuntime:
                 action = self._chunk[self.H - 1]
             self._cv.notify_all()
             if self.clock.simulated and self._t >= self.s:
+                # The inference due now must take its snapshot before the next tick. At zero
+                # latency it may also publish (clearing ``_inflight``) before this thread
+                # wakes, so a call begun since counts too: else the wake-up is lost.
+                calls = self._calls
                 self._wait(
-                    lambda: self._error is not None or self._inflight is not None or self._stop
+                    lambda: (
+                        self._error is not None
+                        or self._inflight is not None
+                        or self._calls > calls
+                        or self._stop
+                    )
                 )
             return action
 
