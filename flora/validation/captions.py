@@ -60,6 +60,7 @@ def _captions(gxe):
         *common_columns(gxe),
         *columns_exist(gxe, *CAPTION_COLUMNS),
         *not_null(gxe, "event_index", "start_us", "end_us", "duration_us", "caption", "model"),
+        *not_null(gxe, "n_frames", "attempts", "context_roles"),  # set/range checks skip nulls
         *interval_in_episode(gxe),
         gxe.ExpectColumnValuesToBeBetween(column="event_index", min_value=0),
         gxe.ExpectColumnValuesToBeBetween(column="n_frames", min_value=1),

@@ -64,7 +64,7 @@ def _events(gxe):
     return [
         *common_columns(gxe),
         *columns_exist(gxe, *EVENT_COLUMNS),
-        *not_null(gxe, "start_us", "end_us", "duration_us", "caption"),
+        *not_null(gxe, "start_us", "end_us", "duration_us", "caption", "n_windows"),
         *interval_in_episode(gxe),
         gxe.ExpectColumnValuesToBeBetween(column="duration_us", min_value=1),
         gxe.ExpectColumnValuesToBeBetween(column="n_windows", min_value=1),

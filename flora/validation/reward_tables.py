@@ -12,7 +12,13 @@ import math
 import numpy as np
 import pandas as pd
 
-from flora.validation.core import checks_hold, columns_exist, common_columns, register_suite
+from flora.validation.core import (
+    checks_hold,
+    columns_exist,
+    common_columns,
+    not_null,
+    register_suite,
+)
 
 _TOL = 1e-6
 
@@ -56,6 +62,8 @@ def _outcome(gxe):
         *common_columns(gxe),
         *columns_exist(gxe, "score_probs", "expected_score", "reward", "argmax_score"),
         gxe.ExpectColumnValuesToBeUnique(column="episode_id"),
+        # GX's set and range expectations skip nulls: a null must fail on its own.
+        *not_null(gxe, "argmax_score"),
         gxe.ExpectColumnValuesToBeBetween(column="expected_score", min_value=1.0, max_value=5.0),
         gxe.ExpectColumnValuesToBeBetween(column="reward", min_value=0.0, max_value=1.0),
         gxe.ExpectColumnValuesToBeInSet(column="argmax_score", value_set=[1, 2, 3, 4, 5]),
@@ -88,7 +96,8 @@ def _dense(gxe):
     return [
         *common_columns(gxe),
         *columns_exist(gxe, "t_us", "label", "reason", "source_window", "source_group"),
-        gxe.ExpectColumnValuesToNotBeNull(column="t_us"),
+        # GX's set and range expectations skip nulls: a null must fail on its own.
+        *not_null(gxe, "t_us", "label", "source_window", "source_group"),
         gxe.ExpectColumnValuesToBeBetween(column="t_us", min_value=0),
         gxe.ExpectCompoundColumnsToBeUnique(column_list=["episode_id", "t_us"]),
         gxe.ExpectColumnValuesToBeInSet(column="label", value_set=[1, 2, 3]),

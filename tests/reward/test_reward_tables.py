@@ -39,11 +39,12 @@ def test_outcome_suite():
             _outcome(2, [0.5, 0.5, 0.5, 0.0, 0.0]),  # sum 1.5
             _outcome(3, [0.1, 0.2, 0.4, 0.2, 0.1], r=0.9),  # reward not (E-1)/4
             _outcome(4, [0.1, 0.2, 0.4, 0.2, 0.1], am=7),
+            _outcome(5, [0.1, 0.2, 0.4, 0.2, 0.1], am=None),  # a set check skips a null
         ]
     )
     rep = validate_table("outcome", bad)
     assert not rep.success
-    assert rep.failing_episodes == [f"toy/{i:06d}" for i in (1, 2, 3, 4)]
+    assert rep.failing_episodes == [f"toy/{i:06d}" for i in (1, 2, 3, 4, 5)]
     with pytest.raises(TableValidationError, match="outcome"):
         assert_valid("outcome", bad)
 
@@ -63,6 +64,10 @@ def test_dense_suite():
         3: _dense(3, 0, 3, "fine"),  # normal with reason
         4: _dense(4, -1, 3, ""),  # negative time
         5: _dense(5, 0, 3, "", g=33),  # group outside 1..32
+        # Nulls, which GX's set and range checks skip: each must fail on its own.
+        6: _dense(6, 0, None, "x"),
+        7: _dense(7, 0, 3, "", w=None),
+        8: _dense(8, 0, 3, "", g=None),
     }
     rep = validate_table("dense_labels", pd.concat([good, pd.DataFrame(cases.values())]))
     assert rep.failing_episodes == [f"toy/{i:06d}" for i in cases]

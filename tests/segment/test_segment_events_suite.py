@@ -55,6 +55,8 @@ def test_end_past_duration_names_episode() -> None:
         ("end_us", 1_000_000, "expect_column_pair_values_a_to_be_greater_than_b[end_us,start_us]"),
         ("n_windows", 0, "expect_column_values_to_be_between[n_windows]"),
         ("caption", None, "expect_column_values_to_not_be_null[caption]"),
+        # A range check skips nulls: a null n_windows fails on its own.
+        ("n_windows", None, "expect_column_values_to_not_be_null[n_windows]"),
     ],
 )
 def test_row_checks(col: str, value, check: str) -> None:
