@@ -152,7 +152,7 @@ def flora_data_engine() -> None:
         from flora.orchestration import shared_path
         from flora.orchestration.shards import write_episode_sets
         from flora.settings import get_settings
-        from flora.tracking import airflow_run_tags, start_pipeline_run
+        from flora.tracking import airflow_run_tags, finish_pipeline_run, start_pipeline_run
 
         s = get_settings()
         p = params or {}
@@ -166,19 +166,25 @@ def flora_data_engine() -> None:
                                     experiment=s.mlflow_experiment,
                                     run_name=f"{DAG_ID}/{path.name}")  # fmt: skip
         manifest = out_dir / "manifest" / f"{path.name}.parquet"
-        result, run_id = ingest_tracked(path, manifest, tags=tags, run_name="ingest",
-                                        run_id=parent)  # fmt: skip
-        state = {
-            "dataset": result.dataset.name,
-            "dataset_path": str(path),
-            "outputs_dir": str(out_dir),
-            "mlflow_run_id": run_id,
-            "manifest": str(manifest),
-        }
-        episodes = [int(i) for i in result.manifest["episode_index"]]
-        errors = {str(k): v for k, v in result.errors().items()}
-        sets = write_episode_sets(state, episodes=episodes, ingested=result.ok_indices(),
-                                  ingest_errors=errors)  # fmt: skip
+        try:
+            result, run_id = ingest_tracked(path, manifest, tags=tags, run_name="ingest",
+                                            run_id=parent)  # fmt: skip
+            state = {
+                "dataset": result.dataset.name,
+                "dataset_path": str(path),
+                "outputs_dir": str(out_dir),
+                "mlflow_run_id": run_id,
+                "manifest": str(manifest),
+            }
+            episodes = [int(i) for i in result.manifest["episode_index"]]
+            errors = {str(k): v for k, v in result.errors().items()}
+            sets = write_episode_sets(state, episodes=episodes, ingested=result.ok_indices(),
+                                      ingest_errors=errors)  # fmt: skip
+        except BaseException:
+            # finalize cannot close a parent it never heard of (no XCom): close it here, or
+            # every failed try would leave one RUNNING.
+            finish_pipeline_run(parent, {"ingest": "failed"})
+            raise
         return {**state, "episode_sets": sets, "n_episodes": len(episodes),
                 "n_ingested": len(result.ok_indices()), "n_ingest_errors": len(errors)}  # fmt: skip
 

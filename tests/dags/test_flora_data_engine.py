@@ -432,6 +432,35 @@ def test_bad_input_fails_at_once_and_other_faults_retry(airflow_home):
     assert fail_fast_on_bad_input("segment", lambda x, y=0: x + y, 1, y=2) == 3
 
 
+def test_a_failed_ingest_closes_the_parent_run_it_opened(airflow_home, tmp_path, monkeypatch):
+    """ingest opens the pipeline's parent run, then fails on a folder that is no dataset:
+    finalize never learns that run's id (no XCom), so ingest closes it FAILED itself;
+    before, each try (Airflow retries twice) left one more parent RUNNING."""
+    from mlflow import MlflowClient
+
+    from dags.flora_data_engine import dag_object
+    from flora.settings import get_settings
+    from flora.tracking import PARENT_TAG, configure
+
+    monkeypatch.setenv("FLORA_HOME", str(tmp_path / "home"))
+    get_settings.cache_clear()
+    empty = tmp_path / "not_a_dataset"
+    empty.mkdir()
+    ingest = dag_object.get_task("ingest")
+    for _ in range(2):  # a first try and Airflow's retry
+        with pytest.raises(Exception, match="not a dataset"):
+            ingest.python_callable(params={"dataset": str(empty)}, dag_run=None)
+    configure()
+    runs = MlflowClient().search_runs(
+        [e.experiment_id for e in MlflowClient().search_experiments()],
+        f"tags.`{PARENT_TAG}` = '1'",
+    )
+    assert len(runs) == 2
+    assert {r.info.status for r in runs} == {"FAILED"}
+    assert {r.data.tags["flora.failed_tasks"] for r in runs} == {"ingest"}
+    get_settings.cache_clear()
+
+
 def test_a_failed_shard_is_reported_while_the_others_complete(
     airflow_home, tiny_dataset, tiny_vlm_dir, monkeypatch, tmp_path
 ):
