@@ -127,6 +127,8 @@ class PolicyData:
     failures: list[EpisodeFailure] = field(default_factory=list)
     episodes: list[int] = field(default_factory=list)
     caption_steps: int = 0  # steps whose text came from a curated caption
+    val_episodes: list[int] = field(default_factory=list)  # held out of ``train``
+    dataset_name: str = ""
 
 
 # ------------------------------------------------------------------------- captions
@@ -299,10 +301,13 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
             dataset=ds.name,
             field="action",
         )
-    # Held-out episodes for a validation loss (none when there are too few episodes).
+    # Held-out episodes for the validation loss and evaluate_policy: with val_fraction > 0
+    # at least one (and at most all but one) of >= 2 usable episodes; none otherwise.
     g = np.random.default_rng(cfg.seed)
     order = g.permutation(len(per_ep))
-    n_val = int(round(cfg.val_fraction * len(per_ep))) if len(per_ep) >= 4 else 0
+    n_val = 0
+    if cfg.val_fraction > 0 and len(per_ep) >= 2:
+        n_val = min(len(per_ep) - 1, max(1, int(round(cfg.val_fraction * len(per_ep)))))
     val_set = {int(k) for k in order[:n_val]}
     train_eps = [e for k, e in enumerate(per_ep) if k not in val_set]
     st_all = np.concatenate([e["state"] for e in train_eps])
@@ -347,6 +352,8 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
         failures=failures,
         episodes=[e["index"] for e in per_ep],
         caption_steps=cap_steps,
+        val_episodes=[e["index"] for e in val_eps],
+        dataset_name=ds.name,
     )
 
 
@@ -419,6 +426,10 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         "stats": data.stats,
         "dataset": str(cfg.dataset),
         "delays": list(delays.probs),
+        # The episodes the model never trained on: evaluate_policy's default evaluation set.
+        "dataset_name": data.dataset_name,
+        "val_episodes": list(data.val_episodes),
+        "train_episodes": [i for i in data.episodes if i not in set(data.val_episodes)],
         "train_config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
     }
     state = new_state(dit, tc)
@@ -461,6 +472,7 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
             {
                 "checkpoint": str(final),
                 "episodes": len(data.episodes),
+                "val_episodes": list(data.val_episodes),
                 "failures": [asdict(f) for f in data.failures],
                 "train_chunks": len(data.train),
                 "val_chunks": len(data.val) if data.val is not None else 0,
@@ -582,6 +594,33 @@ def load_policy(path: str | Path) -> TrainedPolicy:
 EVAL_METHODS = ("plain", "training_time", "inference_time")
 
 
+def held_out_episodes(pol: TrainedPolicy, checkpoint: str | Path, dataset: str | Path) -> list[int]:
+    """The episodes ``pol`` was not trained on (its recorded ``val_episodes``), checked to
+    belong to ``dataset``; a :class:`FloraDataError` when there are none to evaluate on."""
+    from flora.data import open_dataset
+
+    held = pol.extra.get("val_episodes")
+    if not held:
+        why = "an older checkpoint" if held is None else "val_fraction 0 or < 2 episodes"
+        raise FloraDataError(
+            f"the policy records no held-out episodes ({why}); evaluating it would score "
+            "its training episodes: retrain with val_fraction > 0 or pass episodes=",
+            file=checkpoint,
+            field="val_episodes",
+        )
+    trained_on = pol.extra.get("dataset_name")
+    name = open_dataset(dataset).name
+    if trained_on and name != trained_on:
+        raise FloraDataError(
+            f"the policy's held-out episodes are of dataset {trained_on!r}, not {name!r}: "
+            "pass episodes= to evaluate on another dataset",
+            dataset=name,
+            file=checkpoint,
+            field="val_episodes",
+        )
+    return [int(i) for i in held]
+
+
 @torch.no_grad()
 def evaluate_policy(
     checkpoint: str | Path,
@@ -597,6 +636,12 @@ def evaluate_policy(
 ) -> dict[str, Any]:
     """Offline check of a trained policy on dataset chunks, per delay d (s = max(d, 1)).
 
+    ``episodes=None`` evaluates on the episodes training held out (``val_episodes`` in the
+    checkpoint) and refuses a checkpoint without any (``val_fraction=0``, too few
+    episodes, an older checkpoint) or a dataset other than the one it was trained on;
+    explicit ``episodes`` are evaluated as given. The report's ``episodes`` lists the
+    evaluated episodes and ``episode_source`` says ``held_out`` or ``explicit``.
+
     The committed prefix is the ground truth's first d actions (inference-time RTC also
     gets the ground-truth overlap up to H - s). Per method: ``postfix_mse`` (sampled vs
     ground-truth postfix, standardised units) and ``boundary_jump`` (mean |a_d - a_{d-1}|
@@ -606,6 +651,9 @@ def evaluate_policy(
     pol = load_policy(checkpoint)
     model, cfg = pol.model, pol.model.config
     tc = pol.extra.get("train_config", {})
+    source = "explicit"
+    if episodes is None:
+        episodes, source = held_out_episodes(pol, checkpoint, dataset), "held_out"
     pcfg = PolicyTrainConfig(
         dataset=Path(dataset),
         out=Path("."),
@@ -675,6 +723,8 @@ def evaluate_policy(
         "checkpoint": str(checkpoint),
         "dataset": str(dataset),
         "chunks": int(len(idx)),
+        "episodes": list(data.episodes),
+        "episode_source": source,
         "steps": steps,
         "rows": rows,
         "latency_ms": lat,

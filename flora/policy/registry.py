@@ -140,11 +140,15 @@ def register_step(
 
     Logs the checkpoint as an MLflow model in a child run of ``pipeline_run_id``, reads the
     held-out figures from ``evaluation`` (``evaluate_policy``'s JSON) and registers the
-    model as ``flora-policy`` (alias ``challenger``). Returns model URI, version, metrics.
+    model as ``flora-policy`` (alias ``challenger``); the episodes the figures come from
+    are lineage tags (``flora.eval_episodes``: count, ``flora.eval_episode_ids``,
+    ``flora.eval_episode_source``). Returns model URI, version, metrics.
     """
+    from flora.policy.steps import episode_ids_tag
     from flora.tracking import git_commit, mlflow_run
 
-    metrics = policy_metrics(json.loads(Path(evaluation).read_text()))
+    report = json.loads(Path(evaluation).read_text())
+    metrics = policy_metrics(report)
     with mlflow_run("policy_register", run_id=pipeline_run_id) as run:
         uri = log_policy_model(checkpoint)
         child = run.info.run_id
@@ -155,6 +159,10 @@ def register_step(
         "flora.base": "random-init DiT action expert",
         "flora.pipeline_run_id": pipeline_run_id,
     }
+    if report.get("episodes") is not None:
+        lineage["flora.eval_episodes"] = str(len(report["episodes"]))
+        lineage["flora.eval_episode_ids"] = episode_ids_tag(report["episodes"])
+        lineage["flora.eval_episode_source"] = str(report.get("episode_source", "unknown"))
     version = register_policy(uri, child, metrics, tags=lineage)
     return {"model_uri": uri, "version": version, "metrics": metrics}
 

@@ -35,6 +35,13 @@ def flat_eval_metrics(report: dict[str, Any]) -> dict[str, float]:
     return flat
 
 
+def episode_ids_tag(episodes: list[int], limit: int = 4000) -> str:
+    """Comma-separated episode indices for an MLflow tag (cut at ``limit`` characters,
+    marked with a trailing ``...``, to stay under MLflow's tag size)."""
+    text = ",".join(str(int(i)) for i in episodes)
+    return text if len(text) <= limit else text[: text.rfind(",", 0, limit - 3)] + ",..."
+
+
 def evaluate_step(
     checkpoint: str | Path,
     dataset: str | Path,
@@ -47,10 +54,13 @@ def evaluate_step(
     """Pipeline step: per-delay offline evaluation of ``checkpoint``, logged to MLflow.
 
     Runs :func:`flora.policy.lerobot.evaluate_policy` for every delay below ``max_delay``
-    that the checkpoint's horizon allows, writes the report to ``out`` (JSON) and logs its
-    flat metrics (``policy.eval.*``) and the report into ``policy_evaluate`` under the
-    pipeline's run ``mlflow_run_id``. Returns ``evaluation`` (path), ``latency_ratio``
-    (training-time over plain) and ``metrics`` (flat, without the prefix).
+    that the checkpoint's horizon allows, on the episodes training held out (refused when
+    the checkpoint records none), writes the report to ``out`` (JSON) and logs its flat
+    metrics (``policy.eval.*``), the evaluated episodes (metric ``policy.eval.episodes``:
+    their count; tags ``policy.eval.episode_ids`` and ``policy.eval.episode_source``) and
+    the report into ``policy_evaluate`` under the pipeline's run ``mlflow_run_id``. Returns
+    ``evaluation`` (path), ``latency_ratio`` (training-time over plain), ``metrics`` (flat,
+    without the prefix) and ``episodes`` (the evaluated episode indices).
     """
     import mlflow
 
@@ -66,12 +76,26 @@ def evaluate_step(
     flat = flat_eval_metrics(report)
     with mlflow_run("policy_evaluate", run_id=mlflow_run_id):
         mlflow.log_metrics({f"{METRIC_PREFIX}{k}": v for k, v in flat.items()})
+        mlflow.log_metric(f"{METRIC_PREFIX}episodes", len(report["episodes"]))
+        mlflow.set_tags(
+            {
+                f"{METRIC_PREFIX}episode_ids": episode_ids_tag(report["episodes"]),
+                f"{METRIC_PREFIX}episode_source": report["episode_source"],
+            }
+        )
         mlflow.log_artifact(str(out), artifact_path="policy")
     return {
         "evaluation": str(out.resolve()),
         "latency_ratio": float(report["latency_ratio_training_time_over_plain"]),
         "metrics": flat,
+        "episodes": [int(i) for i in report["episodes"]],
     }
 
 
-__all__ = ["METRIC_PREFIX", "eval_delays", "evaluate_step", "flat_eval_metrics"]
+__all__ = [
+    "METRIC_PREFIX",
+    "episode_ids_tag",
+    "eval_delays",
+    "evaluate_step",
+    "flat_eval_metrics",
+]

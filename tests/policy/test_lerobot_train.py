@@ -221,3 +221,77 @@ def test_find_caption_table_prefers_tables_with_captions(tmp_path):
         {"episode_id": ["d/000000"], "start_us": [0], "end_us": [10], "caption": ["grasp the cup"]}
     ).to_parquet(out / "captions" / "d__000001.parquet")
     assert find_caption_table(out) == out / "captions"
+
+
+def test_build_data_holds_out_at_least_one_episode_of_few(toy, tmp_path):
+    # The pipelines' default val_fraction (0.1) on a 3-episode toy run still holds one out.
+    data = build_data(_cfg(toy, tmp_path / "o", episodes=[0, 1, 2], val_fraction=0.1))
+    assert len(data.val_episodes) == 1 and data.val is not None
+    assert set(data.val_episodes) < set(data.episodes)
+    assert build_data(_cfg(toy, tmp_path / "o", val_fraction=0.0)).val_episodes == []
+    assert build_data(_cfg(toy, tmp_path / "o", episodes=[2], val_fraction=0.5)).val is None
+
+
+def test_evaluate_step_scores_only_held_out_episodes(toy, tmp_path, monkeypatch):
+    """Regression: the promotion gate's postfix_mse came from the training episodes too
+    (evaluate_policy rebuilt the data from every episode)."""
+    import mlflow
+
+    import flora.policy.lerobot as lerobot
+    from flora.policy.steps import evaluate_step
+    from flora.settings import get_settings
+
+    seen: list[list[int]] = []
+    real = lerobot.build_data
+
+    def spy(cfg, captions=None):
+        data = real(cfg, captions)
+        seen.append(list(data.episodes))
+        return data
+
+    monkeypatch.setattr(lerobot, "build_data", spy)
+    monkeypatch.setenv("FLORA_HOME", str(tmp_path / "home"))
+    get_settings.cache_clear()
+    try:
+        summary = train_policy(_cfg(toy, tmp_path / "out", epochs=1, mlflow=True))
+        pol = load_policy(summary["checkpoint"])
+        held, trained = pol.extra["val_episodes"], pol.extra["train_episodes"]
+        assert held and trained and not set(held) & set(trained)
+        # The recorded training episodes are the ones the training chunks came from.
+        steps = {0: 80, 1: 100, 2: 80, 3: 120}
+        assert summary["train_chunks"] == sum(steps[i] for i in trained)
+        ev = evaluate_step(summary["checkpoint"], toy, tmp_path / "eval.json", summary["run_id"],
+                           max_delay=3)  # fmt: skip
+        run = mlflow.get_run(summary["run_id"])
+    finally:
+        get_settings.cache_clear()
+    evaluated = seen[-1]  # the episodes the evaluation actually loaded
+    assert sorted(evaluated) == sorted(held) and not set(evaluated) & set(trained)
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["episodes"] == ev["episodes"] == evaluated
+    assert report["episode_source"] == "held_out"
+    assert run.data.metrics["policy.eval.episodes"] == len(held)
+    assert run.data.tags["policy.eval.episode_ids"] == ",".join(map(str, evaluated))
+    assert run.data.tags["policy.eval.episode_source"] == "held_out"
+
+
+def test_evaluate_policy_refuses_without_held_out_episodes(toy, tmp_path):
+    from flora.policy.lerobot import evaluate_policy
+
+    summary = train_policy(_cfg(toy, tmp_path / "out", epochs=1, val_fraction=0.0))
+    ckpt = summary["checkpoint"]
+    assert load_policy(ckpt).extra["val_episodes"] == []
+    with pytest.raises(FloraDataError, match="no held-out episodes"):
+        evaluate_policy(ckpt, toy, delays=(0, 1), latency_repeats=1)
+    # A checkpoint from before held-out episodes were recorded is refused as well.
+    blob = torch.load(ckpt, map_location="cpu", weights_only=False)
+    for k in ("val_episodes", "train_episodes", "dataset_name"):
+        del blob["extra"][k]
+    old = tmp_path / "old.pt"
+    torch.save(blob, old)
+    with pytest.raises(FloraDataError, match="older checkpoint"):
+        evaluate_policy(old, toy, delays=(0, 1), latency_repeats=1)
+    # Explicit episodes are the caller's choice and are evaluated as given.
+    rep = evaluate_policy(old, toy, episodes=[1], delays=(0, 1), latency_repeats=1)
+    assert rep["episodes"] == [1] and rep["episode_source"] == "explicit"
+    assert rep["chunks"] == 100

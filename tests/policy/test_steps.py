@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from flora.policy.steps import eval_delays, flat_eval_metrics
+from flora.policy.steps import episode_ids_tag, eval_delays, flat_eval_metrics
 
 
 def test_eval_delays_keep_a_postfix_of_at_least_d_actions():
@@ -28,3 +28,9 @@ def test_flat_eval_metrics_names_and_undefined_jumps():
         "d1.training_time.postfix_mse": 0.5,
         "d1.training_time.boundary_jump": 0.125,
     }
+
+
+def test_episode_ids_tag_stays_under_the_limit():
+    assert episode_ids_tag([3, 1, 7]) == "3,1,7"
+    tag = episode_ids_tag(list(range(5000)), limit=50)
+    assert len(tag) <= 50 and tag.endswith(",...") and tag.startswith("0,1,2,")
