@@ -642,11 +642,14 @@ def evaluate_policy(
     explicit ``episodes`` are evaluated as given. The report's ``episodes`` lists the
     evaluated episodes and ``episode_source`` says ``held_out`` or ``explicit``.
 
-    The committed prefix is the ground truth's first d actions (inference-time RTC also
-    gets the ground-truth overlap up to H - s). Per method: ``postfix_mse`` (sampled vs
-    ground-truth postfix, standardised units) and ``boundary_jump`` (mean |a_d - a_{d-1}|
-    between the last committed and the first new action, minus the ground truth's own
-    step — how much the switch jerks). Also median per-chunk latency at batch 1.
+    The committed prefix is the ground truth's first d actions. Inference-time RTC's soft
+    overlap beyond it (up to H - s) is the model's own plain chunk for the same
+    observation, a stand-in for the previous chunk's plan (until 2026-12-07 it was the
+    ground truth the postfix is scored against, which flattered inference-time RTC).
+    Per method: ``postfix_mse`` (sampled vs ground-truth postfix, standardised units) and
+    ``boundary_jump`` (mean |a_d - a_{d-1}| between the last committed and the first new
+    action, minus the ground truth's own step — how much the switch jerks). Also median
+    per-chunk latency at batch 1.
     """
     pol = load_policy(checkpoint)
     model, cfg = pol.model, pol.model.config
@@ -694,10 +697,18 @@ def evaluate_policy(
         rtc.check_delay(d, s, H)
         noise = torch.randn(len(idx), H, A, generator=g)
         prefix = gt[:, : H - s]
+        plain: torch.Tensor | None = None
         for m in EVAL_METHODS:
+            if m == "inference_time":
+                # Beyond the d executed actions the overlap is a plan, never the truth it is
+                # scored on: the model's own plain chunk stands in for the previous one's.
+                assert plain is not None
+                prefix = torch.cat([gt[:, :d], plain[:, d : H - s]], dim=1)
             out = rtc.sample(
                 model, obs, prefix, d, steps, m, s=s, shape=(len(idx), H, A), noise=noise
             )
+            if m == "plain":
+                plain = out
             mse = float(((out[:, d:] - gt[:, d:]) ** 2).mean())
             if d > 0:
                 jump = (out[:, d] - gt[:, d - 1]).abs().mean(-1)

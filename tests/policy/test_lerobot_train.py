@@ -295,3 +295,33 @@ def test_evaluate_policy_refuses_without_held_out_episodes(toy, tmp_path):
     rep = evaluate_policy(old, toy, episodes=[1], delays=(0, 1), latency_repeats=1)
     assert rep["episodes"] == [1] and rep["episode_source"] == "explicit"
     assert rep["chunks"] == 100
+
+
+def test_inference_time_overlap_is_a_plan_never_the_scored_truth(toy, tmp_path, monkeypatch):
+    """Offline, inference-time RTC is guided by the d executed actions (ground truth) and,
+    beyond them up to H - s, by the model's own plain chunk: the truth its postfix is
+    scored against never enters its guidance (it did, which flattered the method)."""
+    import flora.policy.lerobot as lerobot
+
+    summary = train_policy(_cfg(toy, tmp_path / "out", epochs=1))
+    calls: list[tuple[str, int, torch.Tensor, torch.Tensor]] = []
+    real = lerobot.rtc.sample
+
+    def spy(model, obs, prefix, d, steps, method, **kw):
+        out = real(model, obs, prefix, d, steps, method, **kw)
+        calls.append((method, d, prefix.clone(), out))
+        return out
+
+    monkeypatch.setattr(lerobot.rtc, "sample", spy)
+    lerobot.evaluate_policy(summary["checkpoint"], toy, delays=(1, 2), latency_repeats=1)
+    checked = 0
+    for d in (1, 2):
+        got = {m: (p, o) for m, dd, p, o in calls if dd == d and p.shape[0] > 1}
+        truth, _ = got["training_time"]  # the ground truth up to H - s
+        guide, _ = got["inference_time"]
+        plain = got["plain"][1]
+        assert torch.equal(guide[:, :d], truth[:, :d])  # the executed actions
+        assert torch.equal(guide[:, d:], plain[:, d : guide.shape[1]])  # a plan
+        assert not torch.equal(guide[:, d:], truth[:, d:])
+        checked += 1
+    assert checked == 2
