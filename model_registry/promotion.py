@@ -8,11 +8,18 @@ only when it passes the model's :class:`GatePolicy`:
   gate's ``min_improvement`` (direction-aware: lower is better for MAE / L1);
 - every gated metric clears its absolute ``floor`` (a ceiling when lower is better);
 - the parse rate clears ``min_parse_rate``;
-- the tables the evaluation produced passed their GX suites (``flora.suites`` tag).
+- the tables the evaluation produced passed their GX suites (``flora.suites`` tag);
+- challenger and champion were evaluated on the same held-out set (equal
+  ``flora.eval_set.sha256`` fingerprints, :func:`eval_set_tags`): metrics of different
+  episodes do not compare, so a missing or different fingerprint refuses.
 
 A refusal changes no alias and records the reasons. Evaluation results live on the version
-as tags (``flora.eval.<metric>``, written by :func:`record_evaluation`), so the registry
-alone decides; the source run's ``eval.<metric>`` metrics are the fallback.
+as tags (``flora.eval.<metric>`` written by :func:`record_evaluation`, ``eval.<metric>`` by
+``flora eval model`` / :func:`training.evaluate.tag_version`), so the registry alone
+decides; the source run's ``eval.<metric>`` metrics are the fallback. Both writers go
+through :func:`write_evaluation`: an evaluation replaces every earlier eval tag of the
+version (metrics, intervals, run id, eval-set fingerprint), so the gates read exactly the
+latest evaluation and nothing it did not produce.
 
 Every decision is an audit tag on the version it concerns
 (``flora.audit.<UTC time>.<event>`` → JSON). The new champion remembers the one it replaced
@@ -28,9 +35,10 @@ tasks through the Airflow pool ``flora-registry`` (one slot), see docs/lifecycle
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -40,9 +48,14 @@ from model_registry.register import CHALLENGER, MODEL_NAMES, RegistryError
 
 CHAMPION = "champion"
 EVAL_PREFIX = "flora.eval."
-# `flora eval model` (training/evaluate.py tag_version) writes ``eval.<metric>`` tags; both
-# spellings are read, ``flora.eval.`` winning when a metric has both.
+# `flora eval model` (training/evaluate.py tag_version) writes ``eval.<metric>`` tags,
+# record_evaluation ``flora.eval.<metric>``; each write removes the other's, so a version
+# holds one evaluation (a version tagged before that rule: ``flora.eval.`` wins).
 EVAL_PREFIXES = ("eval.", EVAL_PREFIX)
+EVAL_RUN_TAGS = ("eval.run_id", "flora.eval_run_id")
+# What an evaluation scored: sha256 of its held-out episodes and data, episode/item counts.
+EVAL_SET_PREFIX = "flora.eval_set."
+EVAL_SET_TAG = EVAL_SET_PREFIX + "sha256"
 SUITES_TAG = "flora.suites"  # "passed" | "failed"
 PREVIOUS_TAG = "flora.previous_champion"
 AUDIT_PREFIX = "flora.audit."
@@ -80,6 +93,8 @@ class GatePolicy:
     gates: tuple[MetricGate, ...]
     min_parse_rate: float | None = 0.95
     require_suites: bool = True
+    # challenger and champion scored on the same held-out set (equal fingerprints)
+    same_eval_set: bool = True
 
 
 # Defaults per model, on the keys `flora eval model` reports (docs/training.md); the
@@ -100,6 +115,9 @@ DEFAULT_POLICIES: dict[str, GatePolicy] = {
         (MetricGate("postfix_mse", higher_is_better=False),),
         min_parse_rate=None,
         require_suites=False,
+        # flora.policy.registry records no eval-set fingerprint yet (its held-out split is
+        # the dataset's); turn this on once register_policy writes eval_set_tags(...).
+        same_eval_set=False,
     ),
 }
 
@@ -199,6 +217,59 @@ def _locked(name: str) -> Iterator[None]:
 # --------------------------------------------------------------------------- evaluation
 
 
+def eval_set_tags(episodes: Iterable[str], data: Iterable[str] = ()) -> dict[str, str]:
+    """The ``flora.eval_set.*`` tags of an evaluation: what it scored, for the gates.
+
+    ``episodes``: the held-out episode ids scored (qualified by dataset when a set mixes
+    datasets); ``data``: what identifies the scored data (a digest per item of its id and
+    reference, a dataset md5 …). ``sha256`` covers both, sorted; ``episodes`` and ``items``
+    count them.
+    """
+    eps = sorted({str(e) for e in episodes})
+    items = sorted(str(d) for d in data)
+    blob = json.dumps({"episodes": eps, "data": items}, separators=(",", ":"))
+    return {
+        EVAL_SET_TAG: hashlib.sha256(blob.encode()).hexdigest(),
+        f"{EVAL_SET_PREFIX}episodes": str(len(eps)),
+        f"{EVAL_SET_PREFIX}items": str(len(items)),
+    }
+
+
+def _is_eval_tag(key: str) -> bool:
+    return key.startswith((*EVAL_PREFIXES, EVAL_SET_PREFIX)) or key in EVAL_RUN_TAGS
+
+
+def write_evaluation(
+    model: str,
+    version: str | int,
+    tags: Mapping[str, str],
+    eval_set: Mapping[str, str] | None = None,
+) -> None:
+    """Replace a version's evaluation with ``tags`` (``eval.*`` / ``flora.eval.*`` metrics
+    and run id) and ``eval_set`` (:func:`eval_set_tags`).
+
+    Every earlier eval tag of the version goes first — metrics the new evaluation did not
+    produce included — and the fingerprint is written last, so a gate reading in between
+    refuses (no fingerprint) rather than mixing two evaluations. Held under the model's
+    promotion lock.
+    """
+    bad = [k for k in tags if not _is_eval_tag(k) or k.startswith(EVAL_SET_PREFIX)]
+    bad += [k for k in eval_set or {} if not k.startswith(EVAL_SET_PREFIX)]
+    if bad:
+        raise ValueError(f"not evaluation tags: {bad}")
+    client = _client()
+    name = registered_name(model)
+    v = _resolve(client, name, version)
+    with _locked(name):
+        for k in list(client.get_model_version(name, v).tags):
+            if _is_eval_tag(k):
+                client.delete_model_version_tag(name, v, k)
+        for k, val in tags.items():
+            client.set_model_version_tag(name, v, k, str(val))
+        for k, val in (eval_set or {}).items():
+            client.set_model_version_tag(name, v, k, str(val))
+
+
 def record_evaluation(
     model: str,
     version: str | int,
@@ -206,17 +277,29 @@ def record_evaluation(
     *,
     suites_passed: bool | None = None,
     eval_run_id: str | None = None,
+    eval_set: Mapping[str, str] | None = None,
 ) -> None:
-    """Store held-out metrics (and the suites' verdict) on a version for the gates."""
+    """Store held-out metrics (and the suites' verdict) on a version for the gates.
+
+    Non-empty ``metrics`` are a new evaluation: they replace every earlier eval tag
+    (:func:`write_evaluation`), ``eval_set`` (:func:`eval_set_tags`) saying what was
+    scored. Empty ``metrics`` record only the suites' verdict (and ``eval_run_id``) of the
+    evaluation already on the version.
+    """
     client = _client()
     name = registered_name(model)
     v = _resolve(client, name, version)
-    for k, val in metrics.items():
-        client.set_model_version_tag(name, v, f"{EVAL_PREFIX}{k}", repr(float(val)))
+    if metrics:
+        tags = {f"{EVAL_PREFIX}{k}": repr(float(val)) for k, val in metrics.items()}
+        if eval_run_id:
+            tags["flora.eval_run_id"] = eval_run_id
+        write_evaluation(name, v, tags, eval_set)
+    elif eval_set:
+        raise ValueError("eval_set describes an evaluation: record it with its metrics")
+    elif eval_run_id:
+        client.set_model_version_tag(name, v, "flora.eval_run_id", eval_run_id)
     if suites_passed is not None:
         client.set_model_version_tag(name, v, SUITES_TAG, "passed" if suites_passed else "failed")
-    if eval_run_id:
-        client.set_model_version_tag(name, v, "flora.eval_run_id", eval_run_id)
 
 
 def version_metrics(model: str, version: str | int) -> dict[str, float]:
@@ -234,9 +317,9 @@ def version_metrics(model: str, version: str | int) -> dict[str, float]:
 def _tag_metrics(tags: Mapping[str, str]) -> dict[str, float]:
     """``eval.*`` / ``flora.eval.*`` tags as metrics (unparseable values are skipped)."""
     out: dict[str, float] = {}
-    for prefix in EVAL_PREFIXES:  # later prefixes win
-        for k, v in tags.items():
-            if k.startswith(prefix) and not k.endswith("run_id"):
+    for prefix in EVAL_PREFIXES:  # later prefixes win (only on versions tagged before
+        for k, v in tags.items():  # write_evaluation, which keeps one evaluation)
+            if k.startswith(prefix) and k not in EVAL_RUN_TAGS:
                 try:
                     out[k[len(prefix) :]] = float(v)
                 except ValueError:
@@ -251,18 +334,53 @@ def _better(a: float, b: float, gate: MetricGate) -> bool:
     return a <= b - gate.min_improvement
 
 
+def _eval_set_text(tags: Mapping[str, str]) -> str:
+    fp = tags.get(EVAL_SET_TAG)
+    if not fp:
+        return "no eval-set fingerprint recorded"
+    eps = tags.get(f"{EVAL_SET_PREFIX}episodes", "?")
+    return f"eval set {fp[:12]}, {eps} episodes, eval run {tags.get('eval.run_id') or '?'}"
+
+
+def _unpaired_reason(name: str, v: str, mine: Mapping[str, str], champ: str,
+                     theirs: Mapping[str, str]) -> str:  # fmt: skip
+    """Why metrics of two evaluations on different held-out sets do not compare, and how
+    to get a comparable pair."""
+    model = name.removeprefix("flora-")
+    return (
+        f"eval set: v{v} ({_eval_set_text(mine)}) and champion v{champ} "
+        f"({_eval_set_text(theirs)}) were not scored on the same held-out episodes; "
+        f"re-evaluate both on the same episodes: `flora eval model --model {model} "
+        f"--version {v} --set SET [--episodes N] --also-unseen-by {champ}` and the same "
+        f"with `--version {champ} ... --also-unseen-by {v}` (one --set, the same --episodes)"
+    )
+
+
 def evaluate_gates(
     model: str, version: str | int | None = None, policy: GatePolicy | None = None
 ) -> GateDecision:
-    """Check a version (default: the ``challenger``) against the current champion."""
+    """Check a version (default: the ``challenger``) against the current champion.
+
+    The champion comparison needs both versions evaluated on the same held-out set
+    (``policy.same_eval_set``; moot without metric gates): otherwise the challenger is
+    refused, with the command that re-evaluates both on the same episodes.
+    """
     client = _client()
     name = registered_name(model)
     v = _resolve(client, name, version)
     policy = policy or DEFAULT_POLICIES[name]
     champ = _alias_version(client, name, CHAMPION)
     mine = version_metrics(name, v)
-    theirs = version_metrics(name, champ) if champ and champ != v else {}
+    vs_champion = bool(champ and champ != v)
+    theirs = version_metrics(name, champ) if vs_champion else {}
     reasons: list[str] = []
+    if vs_champion and policy.same_eval_set and policy.gates:
+        my_tags = client.get_model_version(name, v).tags
+        their_tags = client.get_model_version(name, champ).tags
+        fp = my_tags.get(EVAL_SET_TAG)
+        if not fp or fp != their_tags.get(EVAL_SET_TAG):
+            reasons.append(_unpaired_reason(name, v, my_tags, str(champ), their_tags))
+            vs_champion = False  # figures of different episodes are not compared
     for g in policy.gates:
         val = mine.get(g.name)
         if val is None or not math.isfinite(val):
@@ -274,7 +392,7 @@ def evaluate_gates(
                 word = "below floor" if g.higher_is_better else "above ceiling"
                 reasons.append(f"{g.name}={val:.4g} {word} {g.floor:.4g}")
         ref = theirs.get(g.name)
-        if champ and champ != v and ref is not None and not _better(val, ref, g):
+        if vs_champion and ref is not None and not _better(val, ref, g):
             need = "higher" if g.higher_is_better else "lower"
             reasons.append(
                 f"{g.name}={val:.4g} vs champion v{champ} {ref:.4g} "
@@ -403,6 +521,7 @@ __all__ = [
     "PromotionResult",
     "audit_trail",
     "decision_dict",
+    "eval_set_tags",
     "evaluate_gates",
     "list_versions",
     "promote",
@@ -410,4 +529,5 @@ __all__ = [
     "registered_name",
     "rollback",
     "version_metrics",
+    "write_evaluation",
 ]

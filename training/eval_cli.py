@@ -31,6 +31,14 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         episodes: int | None = typer.Option(
             None, "--episodes", min=1, help="Evaluate at most this many held-out episodes."
         ),
+        also_unseen_by: list[str] | None = typer.Option(
+            None,
+            "--also-unseen-by",
+            help="Also leave out what this model's lineage trained on: a registered "
+            "flora-<model> version / alias, or an exported model directory (repeatable). "
+            "Two versions evaluated with one --set, the same --episodes and each other here "
+            "score the same episodes (the promotion gates compare only such pairs).",
+        ),
         judge: str = typer.Option("embedding", "--judge", help="Captioner judge: embedding|llm."),
         attempts: int = typer.Option(
             1,
@@ -74,9 +82,12 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
             # kept (the MLflow tags name it): say where, so a rerun can pass --set
             typer.echo(f"built the set at {set_path} (pass --set to reuse it)")
         model_dir = registered_model_dir(model, version) if version is not None else path
+        others = [Path(o) if Path(o).exists() else registered_model_dir(model, o)
+                  for o in also_unseen_by or ()]  # fmt: skip
         # Never scored on an episode the model, or one it was continued from, trained on.
         held = unseen_heldout(model, set_path, model_dir, limit=episodes,
-                              allow_unknown_lineage=allow_unknown_lineage)  # fmt: skip
+                              allow_unknown_lineage=allow_unknown_lineage,
+                              also_unseen_by=others)  # fmt: skip
         examples = held.examples
         if held.left_out or held.lineage != "known":
             typer.echo(f"lineage {held.lineage}; {len(held.left_out)} held-out episodes left "
@@ -91,11 +102,16 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         res.info.update(model_dir=str(model_dir), set=str(set_path), version=version,
                         lineage=held.lineage, left_out_seen=held.left_out)  # fmt: skip
         print_metrics(f"eval {model} ({len(examples)} held-out items)", res.metrics)
+        es = res.info.get("eval_set") or {}
+        typer.echo(f"eval set {es.get('flora.eval_set.sha256', '?')[:12]}: "
+                   f"{es.get('flora.eval_set.episodes', '?')} episodes, "
+                   f"{es.get('flora.eval_set.items', '?')} items")  # fmt: skip
         if mlflow:
             tags = {"flora.eval.set": str(set_path), "flora.eval.model_dir": str(model_dir),
                     "flora.eval.version": str(version or ""),
                     "flora.eval.lineage": held.lineage[:500],
                     "flora.eval.left_out_seen": str(len(held.left_out)),
+                    "flora.eval.also_unseen_by": ",".join(also_unseen_by or ())[:500],
                     "flora.eval.attempts": str(attempts)}  # fmt: skip
             num = version if version is not None and version.isdigit() else None
             if attempts > 1 and num is not None:

@@ -339,8 +339,28 @@ def score_outputs(
     metrics = _SCORERS[model](items)
     metrics["episodes"] = float(items["episode_id"].nunique()) if len(items) else 0.0
     intervals = bootstrap_ci(items, _SCORERS[model], n_boot=n_boot, seed=seed) if n_boot else {}
-    info = {"judge": getattr(judge, "name", None)} if judge is not None else {}
+    info: dict[str, Any] = {"judge": getattr(judge, "name", None)} if judge is not None else {}
+    info["eval_set"] = eval_set_of(examples)
     return ModelEval(model, metrics, items, intervals, info)
+
+
+def eval_set_of(examples: Sequence[Any]) -> dict[str, str]:
+    """The ``flora.eval_set.*`` tags of scoring ``examples`` (what the gates pair on).
+
+    Episodes as ``<dataset>/<episode_id>``; the data as one digest per example of its id and
+    reference (the ground truth it is scored against), so the same episodes of changed data,
+    or another windowing of them, do not count as the same evaluation set.
+    """
+    import hashlib
+
+    from model_registry.promotion import eval_set_tags
+
+    eps = [f"{getattr(e, 'dataset', '')}/{e.episode_id}" for e in examples]
+    data = [
+        hashlib.sha256(f"{e.example_id}\0{getattr(e, 'reference', '')}".encode()).hexdigest()
+        for e in examples
+    ]
+    return eval_set_tags(eps, data)
 
 
 def bootstrap_ci(
@@ -558,14 +578,18 @@ def log_eval(
 
     A new run in the ``flora-train-<model>`` experiment (or ``run_id`` reopened), so versions are
     compared side by side on the same keys; with ``registered_version`` the metrics are
-    also set as ``eval.*`` tags of that registry version (DESIGN §3.9).
+    also set as ``eval.*`` tags of that registry version (DESIGN §3.9), replacing its
+    earlier evaluation. The evaluation set's fingerprint (``res.info["eval_set"]``) is a
+    tag of the run and of the version.
     """
     import mlflow
 
     from flora.tracking import mlflow_run
 
     flat = flat_metrics(res)
-    t = {"flora.model": res.model, **{str(k): str(v) for k, v in (tags or {}).items()}}
+    eval_set = dict(res.info.get("eval_set") or {})
+    t = {"flora.model": res.model, **eval_set,
+         **{str(k): str(v) for k, v in (tags or {}).items()}}  # fmt: skip
     with mlflow_run(f"eval_{res.model}", tags=t, experiment=f"flora-train-{res.model}",
                     run_id=run_id) as run:  # fmt: skip
         mlflow.log_metrics(flat)
@@ -577,7 +601,7 @@ def log_eval(
         mlflow.log_table(items, artifact_file=f"eval/{res.model}_items.json")
         rid = run.info.run_id
     if registered_version is not None:
-        tag_version(res.model, registered_version, flat, rid)
+        tag_version(res.model, registered_version, flat, rid, eval_set=eval_set)
     return rid
 
 
@@ -590,18 +614,39 @@ def flat_metrics(res: ModelEval) -> dict[str, float]:
     return flat
 
 
-def tag_version(model: str, version: int | str, flat: dict[str, float], eval_run_id: str) -> None:
-    """Set the eval metrics as tags of registered ``flora-<model>`` ``version`` (DESIGN §3.9)."""
-    from mlflow.tracking import MlflowClient
+def tag_version(
+    model: str,
+    version: int | str,
+    flat: dict[str, float],
+    eval_run_id: str,
+    *,
+    eval_set: dict[str, str] | None = None,
+) -> None:
+    """Make ``flat`` the evaluation of registered ``flora-<model>`` ``version`` (DESIGN §3.9).
 
-    from flora.tracking import configure
+    Replaces every earlier eval tag of the version
+    (:func:`model_registry.promotion.write_evaluation`): the gates read exactly this
+    evaluation. ``eval_set`` (:func:`eval_set_of`) defaults to the ``flora.eval_set.*``
+    tags of run ``eval_run_id`` (:func:`log_eval` writes them); without one the gates
+    refuse to compare the version with a champion.
+    """
+    from model_registry.promotion import EVAL_SET_PREFIX, write_evaluation
 
-    configure()
-    client = MlflowClient()
-    name = f"flora-{model}"
-    for k, v in flat.items():
-        client.set_model_version_tag(name, str(version), k, f"{v:.6g}")
-    client.set_model_version_tag(name, str(version), "eval.run_id", eval_run_id)
+    if eval_set is None:
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        from flora.tracking import configure
+
+        configure()
+        try:
+            run_tags = MlflowClient().get_run(eval_run_id).data.tags
+        except MlflowException:
+            run_tags = {}
+        eval_set = {k: v for k, v in run_tags.items() if k.startswith(EVAL_SET_PREFIX)}
+    tags = {k: f"{v:.6g}" for k, v in flat.items()}
+    tags["eval.run_id"] = eval_run_id
+    write_evaluation(f"flora-{model}", version, tags, eval_set)
 
 
 def logged_model_uri(run_id: str) -> str:
@@ -629,6 +674,7 @@ HEADLINE = {"segmenter": "r_seg", "captioner": "r_cap", "rewarder": "outcome.mae
 __all__ = [
     "EVAL_MODELS",
     "HEADLINE",
+    "eval_set_of",
     "flat_metrics",
     "logged_model_uri",
     "tag_version",

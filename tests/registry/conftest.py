@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+EPISODES = ("toy/ep0", "toy/ep1", "toy/ep2")  # the held-out set versions are scored on
+
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def registry_home(request, tmp_path_factory):
@@ -28,16 +30,18 @@ def registry_home(request, tmp_path_factory):
 
 @pytest.fixture
 def make_version(registry_home, tmp_path):
-    """``make_version(model, metrics, suites=True) -> version`` registered in MLflow.
+    """``make_version(model, metrics, suites=True, episodes=EPISODES) -> version`` registered
+    in MLflow.
 
     Each version is a real run with a small logged artifact, registered through the
-    MLflow client; its held-out metrics are recorded the way ``flora eval model`` does.
+    MLflow client; its held-out metrics are recorded the way ``flora eval model`` does,
+    with the fingerprint of an evaluation on ``episodes`` (None: no fingerprint).
     """
     import mlflow
     from mlflow import MlflowClient
 
     from flora.tracking import configure, ensure_experiment
-    from model_registry.promotion import record_evaluation, registered_name
+    from model_registry.promotion import eval_set_tags, record_evaluation, registered_name
 
     configure()
     exp = ensure_experiment("flora-test-registry")
@@ -45,7 +49,12 @@ def make_version(registry_home, tmp_path):
     for rm in client.search_registered_models():  # every test starts from an empty registry
         client.delete_registered_model(rm.name)
 
-    def make(model: str, metrics: dict[str, float], suites: bool | None = True) -> str:
+    def make(
+        model: str,
+        metrics: dict[str, float],
+        suites: bool | None = True,
+        episodes: tuple[str, ...] | None = EPISODES,
+    ) -> str:
         name = registered_name(model)
         try:
             client.create_registered_model(name)
@@ -57,7 +66,8 @@ def make_version(registry_home, tmp_path):
             mlflow.log_artifact(str(f), artifact_path="model")
         src = f"{run.info.artifact_uri}/model"
         mv = client.create_model_version(name, src, run_id=run.info.run_id)
-        record_evaluation(model, mv.version, metrics, suites_passed=suites)
+        fp = eval_set_tags(episodes) if episodes is not None and metrics else None
+        record_evaluation(model, mv.version, metrics, suites_passed=suites, eval_set=fp)
         return str(mv.version)
 
     return make

@@ -22,3 +22,21 @@ def test_eval_model_is_registered_and_checks_its_arguments(tmp_path):
         app, ["eval", "model", "--model", "segmenter", "--path", str(tmp_path), "--attempts", "0"]
     )
     assert r.exit_code != 0 and "--attempts" in r.output
+
+
+def test_also_unseen_by_leaves_out_the_other_models_lineage(tmp_path, capsys):
+    """``--also-unseen-by``: what re-evaluates champion and challenger on the same episodes
+    (the promotion gates' advice) reaches the held-out selection — here the other model's
+    lineage is lost, so the evaluation is refused before any model is loaded."""
+    from flora.cli_common import run_app
+    from tests.training.helpers import mini_examples, write_set
+    from tests.training.test_lineage import _export
+
+    s = write_set(tmp_path / "set", mini_examples(n_heldout=2))
+    model = _export(tmp_path / "model", ["mini/000000"])
+    other = _export(tmp_path / "other", ["mini/000001"], init_from=tmp_path / "gone")
+    args = ["eval", "model", "--model", "captioner", "--path", str(model), "--set", str(s),
+            "--no-mlflow", "--also-unseen-by", str(other)]  # fmt: skip
+    assert run_app(app, args) != 0
+    err = capsys.readouterr().err
+    assert "continued from" in err and "not on disk" in err

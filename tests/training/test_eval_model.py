@@ -265,3 +265,21 @@ def test_outputs_with_the_engines_retries():
     assert res.metrics["parse_rate"] == 0.75 and res.info["answers_sent"] == 8
     assert res.info["first_answer_parsed"] == 1 and res.info["backend"] == "scripted"
     assert res.info["attempts"] == 3
+
+
+def test_eval_set_fingerprint_names_the_scored_episodes_and_data():
+    """What the promotion gates pair champion and challenger on: the same episodes and the
+    same references (order does not matter; a subset or changed ground truth does)."""
+    from dataclasses import replace
+
+    from training.evaluate import eval_set_of
+
+    out = table([("w0", "none"), ("w1", "none"), ("w2", "none"), ("w3", "none")])
+    fp = score_outputs("segmenter", SEG, out, n_boot=0).info["eval_set"]
+    assert fp["flora.eval_set.episodes"] == "2" and fp["flora.eval_set.items"] == "4"
+    assert eval_set_of(SEG[::-1]) == fp
+    key = "flora.eval_set.sha256"
+    assert len(fp[key]) == 64
+    assert eval_set_of(SEG[:2])[key] != fp[key]  # the first episode only
+    changed = [*SEG[:3], replace(SEG[3], reference=json.dumps({"n_ticks": 320, "segments": []}))]
+    assert eval_set_of(changed)[key] != fp[key]
