@@ -115,9 +115,6 @@ DEFAULT_POLICIES: dict[str, GatePolicy] = {
         (MetricGate("postfix_mse", higher_is_better=False),),
         min_parse_rate=None,
         require_suites=False,
-        # flora.policy.registry records no eval-set fingerprint yet (its held-out split is
-        # the dataset's); turn this on once register_policy writes eval_set_tags(...).
-        same_eval_set=False,
     ),
 }
 

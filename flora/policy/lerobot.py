@@ -734,6 +734,7 @@ def evaluate_policy(
         "checkpoint": str(checkpoint),
         "dataset": str(dataset),
         "chunks": int(len(idx)),
+        "seed": int(seed),
         "episodes": list(data.episodes),
         "episode_source": source,
         "steps": steps,

@@ -325,3 +325,42 @@ def test_inference_time_overlap_is_a_plan_never_the_scored_truth(toy, tmp_path, 
         assert not torch.equal(guide[:, d:], truth[:, d:])
         checked += 1
     assert checked == 2
+
+
+def test_policy_versions_scored_on_other_episodes_do_not_compare(toy, tmp_path, monkeypatch):
+    """Each registered policy carries the fingerprint of what its postfix_mse scored; a
+    challenger held out on other episodes than the champion's is refused by the gate (the
+    same-set comparison itself: tests/registry/test_promotion.py)."""
+    from flora.policy.registry import NAME, register_step
+    from flora.policy.steps import evaluate_step
+    from flora.settings import get_settings
+    from flora.tracking import start_pipeline_run
+    from model_registry.promotion import EVAL_SET_TAG, evaluate_gates, promote
+
+    monkeypatch.setenv("FLORA_HOME", str(tmp_path / "home"))
+    get_settings.cache_clear()
+    try:
+        versions = {}
+        evals = {}
+        for seed in (0, 1):  # seed 1 holds out another episode
+            out = tmp_path / f"out{seed}"
+            summary = train_policy(_cfg(toy, out, epochs=1, seed=seed))
+            parent = start_pipeline_run("policy-rtc")
+            ev = evaluate_step(summary["checkpoint"], toy, out / "eval.json", parent, max_delay=2)
+            evals[seed] = (summary["checkpoint"], out / "eval.json", parent, ev["episodes"])
+        for k, seed in enumerate((0, 1)):
+            ckpt, report, parent, episodes = evals[seed]
+            reg = register_step(ckpt, report, dataset=str(toy), recipe={"seed": seed},
+                                pipeline_run_id=parent)  # fmt: skip
+            versions[k] = (reg["version"], episodes)
+        from mlflow import MlflowClient
+
+        tags = {k: MlflowClient().get_model_version(NAME, v).tags for k, (v, _) in versions.items()}
+        assert versions[0][1] != versions[1][1]
+        assert len(tags[0][EVAL_SET_TAG]) == 64 and tags[0][EVAL_SET_TAG] != tags[1][EVAL_SET_TAG]
+        promote("policy", versions[0][0], force=True)
+        other = evaluate_gates("policy", versions[1][0])
+        assert not other.passed and any("not scored on the same held-out" in r
+                                        for r in other.reasons)  # fmt: skip
+    finally:
+        get_settings.cache_clear()
