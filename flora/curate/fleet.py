@@ -143,20 +143,27 @@ def drift_by_window(
     alpha: float = 0.05,
     method: Literal["mannwhitney", "welch"] = "mannwhitney",
 ) -> list[DriftResult]:
-    """Per value of ``by``: the last ``recent_days`` days against the ``baseline_days`` before.
+    """Per value of ``by``: recent rewards against the baseline's, in calendar-day windows.
 
-    Days are the ``day`` column (``YYYY-MM-DD``); rows with day ``unknown`` are not windowed.
+    Recent: the ``recent_days`` calendar days ending at the last day with data; baseline:
+    the ``baseline_days`` calendar days just before them (however sparse the data, never
+    older days). A baseline window without data reports insufficient data (not fired).
+    Days are the ``day`` column (``YYYY-MM-DD``); rows with day ``unknown`` (or any value
+    that is not such a date) are not windowed.
     """
     d = df[df["day"] != "unknown"]
-    days = sorted(d["day"].unique())
-    if len(days) < 2:
+    d = d.assign(_date=pd.to_datetime(d["day"], format="%Y-%m-%d", errors="coerce"))
+    d = d[d["_date"].notna()]
+    n_days = d["_date"].nunique()
+    if n_days < 2:
         return [DriftResult(False, math.nan, math.nan, math.nan, 0, 0, method, alpha,
-                            f"need at least two days of outcomes, have {len(days)}")]  # fmt: skip
-    recent = set(days[-recent_days:])
-    base = set(days[-recent_days - baseline_days : -recent_days])
+                            f"need at least two days of outcomes, have {n_days}")]  # fmt: skip
+    recent_start = d["_date"].max() - pd.Timedelta(days=recent_days - 1)
+    base_start = recent_start - pd.Timedelta(days=baseline_days)
     out = []
     for k, g in d.groupby(by, sort=True):
-        out.append(drift_check(g[g.day.isin(base)].reward, g[g.day.isin(recent)].reward,
+        base = g[(g["_date"] >= base_start) & (g["_date"] < recent_start)]
+        out.append(drift_check(base.reward, g[g["_date"] >= recent_start].reward,
                                alpha=alpha, method=method, group=f"{by}={k}"))  # fmt: skip
     return out
 

@@ -39,6 +39,12 @@ class EmptyMixtureError(ValueError):
     """Every item was filtered out: an empty mixture is an error, never an empty file."""
 
 
+def _softmax(logw: np.ndarray) -> np.ndarray:
+    """``exp(logw)`` normalised to sum 1, the max subtracted first (no overflow)."""
+    w = np.exp(logw - logw.max())
+    return w / w.sum()
+
+
 def temperature_shares(
     counts: Mapping[str, int], temperature: float, max_share: float = 1.0
 ) -> tuple[dict[str, float], str | None]:
@@ -46,11 +52,12 @@ def temperature_shares(
     keys = [k for k, n in counts.items() if n > 0]
     if not keys:
         return {}, None
+    # Weights in log space: count ** (1/T) overflows to inf for a small T (NaN shares).
     if math.isinf(temperature):
-        raw = np.ones(len(keys))
+        logw = np.zeros(len(keys))
     else:
-        raw = np.array([float(counts[k]) for k in keys]) ** (1.0 / temperature)
-    p = raw / raw.sum()
+        logw = np.log(np.array([float(counts[k]) for k in keys])) / temperature
+    p = _softmax(logw)
     note = None
     cap = max_share
     if cap * len(keys) < 1.0 - 1e-12:
@@ -68,7 +75,7 @@ def temperature_shares(
         rest = 1.0 - cap * fixed.sum()
         p = np.where(fixed, cap, p)
         if free.any():
-            p[free] = raw[free] / raw[free].sum() * rest
+            p[free] = _softmax(logw[free]) * rest
     return {k: float(v) for k, v in zip(keys, p, strict=True)}, note
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from flora.data.dataset import local_dataset_name
 from flora.data.episode import FloraDataError, make_episode_id
 from flora.tables import Failure, TableStore
 
@@ -105,13 +106,28 @@ def _first(row: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
 
 
 def _day(v: Any) -> str:
-    if v is None:
+    """``YYYY-MM-DD`` of a per-episode timestamp; ``"unknown"`` when it cannot be read.
+
+    A number (Python or numpy, not a bool) is an epoch time whose unit follows from its
+    magnitude: ``|v| < 1e11`` seconds, ``< 1e14`` milliseconds, ``< 1e17`` microseconds,
+    else nanoseconds (so any instant between 1973 and 5138 reads right in every unit).
+    Anything else goes through ``pd.Timestamp`` (ISO strings, datetimes). Never raises.
+    """
+    if v is None or isinstance(v, bool | np.bool_):
         return "unknown"
     try:
-        ts = pd.Timestamp(v, unit="s") if isinstance(v, int | float) else pd.Timestamp(v)
-    except (ValueError, TypeError):
-        return str(v)
-    return ts.strftime("%Y-%m-%d")
+        if isinstance(v, int | float | np.integer | np.floating):
+            x = float(v)
+            if not np.isfinite(x):
+                return "unknown"
+            a = abs(x)
+            unit = "s" if a < 1e11 else "ms" if a < 1e14 else "us" if a < 1e17 else "ns"
+            ts = pd.Timestamp(int(v) if isinstance(v, int | np.integer) else x, unit=unit)
+        else:
+            ts = pd.Timestamp(v)
+        return ts.strftime("%Y-%m-%d")
+    except (ValueError, TypeError, OverflowError, NotImplementedError):
+        return "unknown"
 
 
 def episode_meta(dataset: str | Path, episodes: list[int] | None = None) -> pd.DataFrame:
@@ -155,7 +171,7 @@ def ground_truth_meta(root: str | Path, dataset: str | None = None) -> pd.DataFr
     if not p.exists():
         raise FloraDataError("ground truth file missing", dataset=root.name, file=p)
     df = pd.read_parquet(p)
-    name = dataset or root.name
+    name = dataset or local_dataset_name(root)
     synth = root / "meta" / "flora_synth.json"
     robot = "flora_toy_arm"
     if (root / "meta" / "info.json").exists():

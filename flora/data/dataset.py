@@ -881,6 +881,16 @@ class DatasetSource:
     commit: str | None = None  # the snapshot's commit hash (Hub datasets)
 
 
+def local_dataset_name(path: str | Path) -> str:
+    """The name of a local dataset folder: the last part of its absolute path.
+
+    ``.`` and ``..`` have no name of their own (``Path(".").name == ""``): the absolute path
+    gives it, so a step run from inside the dataset keys its episodes as a run given the
+    path does. ``""`` only for ``/``.
+    """
+    return Path(os.path.abspath(path)).name
+
+
 def resolve_dataset(path: str | Path, revision: str | None = None) -> DatasetSource:
     """A local dataset folder, or a Hugging Face Hub dataset resolved into the local cache.
 
@@ -901,9 +911,7 @@ def resolve_dataset(path: str | Path, revision: str | None = None) -> DatasetSou
                 file=local,
                 field="revision",
             )
-        # `.` and `..` have no name of their own: the folder's absolute path gives it, so a
-        # step run from inside the dataset keys its episodes as a run given the path does.
-        name = Path(os.path.abspath(local)).name
+        name = local_dataset_name(local)
         if not name:
             raise FloraDataError("a dataset folder needs a name; `/` has none", file=local)
         return DatasetSource(local, name)

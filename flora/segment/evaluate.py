@@ -82,13 +82,14 @@ def evaluate_events(
     run_id: str | None = None,
 ) -> SegmentEval:
     """Compare predicted events with ``<dataset_root>/ground_truth/events.parquet``."""
+    from flora.data.dataset import local_dataset_name
     from flora.data.ground_truth import load_ground_truth
 
     root = Path(dataset_root)
     gt = load_ground_truth(root)
     df = events
     if len(df) and "dataset" in df.columns:
-        df = df[df["dataset"].astype(str) == root.name]
+        df = df[df["dataset"].astype(str) == local_dataset_name(root)]
     if run_id is not None and len(df) and "run_id" in df.columns:
         df = df[df["run_id"].astype(str) == run_id]
     pred_by_ep: dict[int, list[Event]] = {}

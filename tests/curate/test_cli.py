@@ -67,3 +67,38 @@ def test_episode_meta_reads_robot_policy_and_day_columns(tiny_dataset, tmp_path)
     plain = episode_meta(tiny_dataset)
     assert set(plain.robot) == {"flora_toy_arm"} and set(plain.day) == {"unknown"}
     assert list(plain.duration_us) == [6_000_000, 14_000_000, 26_000_000]
+
+
+def test_day_reads_epoch_units_from_magnitude_and_never_raises():
+    import numpy as np
+
+    from flora.curate.sources import _day
+
+    s = 1764460800  # 2025-11-30 00:00:00 UTC
+    for v in (s, s + 0.5, s * 10**3, s * 10**6, s * 10**9, np.int64(s * 10**3),
+              np.float64(s), np.uint64(s * 10**9), "2025-11-30T10:00:00Z"):  # fmt: skip
+        assert _day(v) == "2025-11-30", v
+    for v in (None, True, np.bool_(False), "garbage", float("nan"), np.float32("nan"), 1e30):
+        assert _day(v) == "unknown", v
+
+
+def test_episode_meta_reads_epoch_milliseconds(tiny_dataset, tmp_path):
+    from flora.curate.sources import episode_meta
+
+    root = tmp_path / tiny_dataset.name
+    shutil.copytree(tiny_dataset, root)
+    p = root / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
+    df = pd.read_parquet(p)
+    df["recorded_at"] = [(1764460800 + 60 * i) * 1000 for i in range(len(df))]  # epoch ms
+    df.to_parquet(p, index=False)
+    assert list(episode_meta(root).day) == ["2025-11-30"] * len(df)
+
+
+def test_curate_dot_writes_under_the_folder_name(tiny_dataset, tables, tmp_path, monkeypatch):
+    from flora.curate.run import curate_dataset, mixture_path
+
+    monkeypatch.chdir(tiny_dataset)
+    res = curate_dataset(".", tables, tmp_path / "out", "run-dot")
+    assert res.dataset == tiny_dataset.name
+    assert res.mixture_path == mixture_path(tmp_path / "out", tiny_dataset.name)
+    assert res.mixture_path.exists()

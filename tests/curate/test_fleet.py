@@ -90,3 +90,21 @@ def test_fleet_tables_ranking_and_windows():
     assert drift["robot=r2"].fired and not drift["robot=r1"].fired
     assert "insufficient data" in drift["robot=r3"].reason
     assert rep.to_dict()["drift"][0]["group"] == "robot=r1"
+
+
+def test_drift_windows_are_calendar_days_not_the_last_days_with_data():
+    from flora.curate.fleet import drift_by_window
+
+    old = [(f"2025-01-{d:02d}", 0.9) for d in range(1, 8) for _ in range(5)]  # a year ago
+    near = [(f"2026-02-{d}", 0.9) for d in (23, 25) for _ in range(3)]  # 6 and 4 days before
+    now = [("2026-03-01", 0.5)] * 5
+
+    def df(rows):
+        return pd.DataFrame([{"robot": "r1", "day": d, "reward": r} for d, r in rows])
+
+    (gap,) = drift_by_window(df(old + now))
+    assert not gap.fired and gap.n_baseline == 0 and "insufficient data" in gap.reason
+    (r,) = drift_by_window(df(old + near + now))  # only the 7 calendar days before count
+    assert r.fired and r.n_baseline == 6 and r.n_recent == 5
+    (r2,) = drift_by_window(df(old + near + now), recent_days=7)  # recent: 02-23 .. 03-01
+    assert r2.n_recent == 11 and r2.n_baseline == 0 and not r2.fired

@@ -33,6 +33,23 @@ def test_temperature_shares_and_caps():
     assert temperature_shares({"a": 3}, 1.0, 0.3) == ({"a": 1.0}, None)
 
 
+def test_temperature_shares_small_temperature_is_finite_and_unchanged_at_1_and_2():
+    from flora.curate.rebalance import temperature_shares
+
+    # T=1 and T=2 give what count ** (1/T) normalised gives (exact small counts).
+    assert temperature_shares({"a": 3, "b": 1}, 1.0)[0] == pytest.approx(
+        {"a": 0.75, "b": 0.25}, rel=1e-12)  # fmt: skip
+    assert temperature_shares({"a": 9, "b": 4}, 2.0)[0] == pytest.approx(
+        {"a": 0.6, "b": 0.4}, rel=1e-12)  # fmt: skip
+    # An allowed small T: 2000 ** 100 overflows a float; the shares stay finite and sum to 1.
+    p, _ = temperature_shares({"a": 2000, "b": 40, "c": 5}, 0.01)
+    assert p["a"] == pytest.approx(1.0) and 0.0 <= p["b"] < 1e-100 and 0.0 <= p["c"] <= p["b"]
+    # Capped: a is fixed at 0.5 and the rest goes (almost all) to b, the next largest.
+    pc, _ = temperature_shares({"a": 2000, "b": 40, "c": 5}, 0.01, 0.5)
+    assert all(math.isfinite(v) for v in pc.values())
+    assert pc == pytest.approx({"a": 0.5, "b": 0.5, "c": 0.0}, abs=1e-12)
+
+
 def test_hierarchical_weights_sum_to_one_and_respect_caps():
     from flora.curate.rebalance import mixture_weights
     from flora.curate.rules import RebalanceRule

@@ -51,6 +51,30 @@ def test_console_capture_sees_errors(tmp_path):
     assert any("flora-x" in c for c in console) and any("undefinedFn" in c for c in console)
 
 
+def test_episode_page_hides_a_stale_caption():
+    """A caption is an event's by index *and* interval (as in curation): after the episode
+    was segmented again, the old caption of event 0 is not shown on the new event 0."""
+    import pandas as pd
+
+    from flora.report.html import episode_page
+
+    eid = "toy/000000"
+    meta = {"episode_id": eid, "episode_index": 0, "task": "t", "robot": "arm",
+            "duration_us": 10_000_000}  # fmt: skip
+    spans = [(0, 2_000_000), (2_000_000, 9_000_000)]  # after re-segmentation
+    events = pd.DataFrame([{"episode_id": eid, "event_index": i, "start_us": a, "end_us": b,
+                            "caption": ""} for i, (a, b) in enumerate(spans)])  # fmt: skip
+    caps = pd.DataFrame([
+        {"episode_id": eid, "event_index": 0, "start_us": 5_000_000, "end_us": 9_000_000,
+         "caption": "stale pour water"},
+        {"episode_id": eid, "event_index": 1, "start_us": 2_000_000, "end_us": 9_000_000,
+         "caption": "fresh place cup"},
+    ])  # fmt: skip
+    html = episode_page(eid, meta, {"events": events, "captions": caps})
+    assert "stale pour water" not in html and "(no caption)" in html
+    assert "fresh place cup" in html
+
+
 @pytest.fixture(scope="module")
 def report(tiny_dataset, tmp_path_factory):
     from flora.curate.oracle import write_oracle_tables

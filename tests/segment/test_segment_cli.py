@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -104,3 +105,10 @@ def test_cli_segment_then_eval_logs_to_mlflow(tiny_dataset, tmp_path, flora_home
     logged = mlflow.get_run(run_id).data.metrics
     assert logged["segment.f1_at_0.5"] == pytest.approx(want["f1@0.5"])
     assert logged["segment.mean_tiou"] == pytest.approx(want["mean_tiou"])
+
+
+def test_evaluate_dot_names_the_current_folder(tiny_dataset, monkeypatch) -> None:
+    # `flora eval segment --dataset .` run from inside the dataset: `.` has no name of its own.
+    monkeypatch.chdir(tiny_dataset)
+    res = evaluate_events(_gt_frame(tiny_dataset), Path("."))
+    assert res.metrics["f1@0.5"] == 1.0 and res.missing_episodes == []
