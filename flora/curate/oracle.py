@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from flora.data.dataset import local_dataset_name
 from flora.data.episode import make_episode_id
 from flora.data.ground_truth import load_ground_truth
 from flora.tables import TableStore
@@ -32,7 +33,7 @@ def write_oracle_tables(
 ) -> TableStore:
     """Write the chosen tables for every ground-truth episode of ``root`` under ``out``."""
     root = Path(root)
-    name = dataset or root.name
+    name = dataset or local_dataset_name(root)
     gt = load_ground_truth(root)
     eps = gt.tables["episodes"].set_index("episode_index")
     store = TableStore(out)

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from flora.backends.base import VLMBackend
+from flora.data.dataset import local_dataset_name
 from flora.data.episode import Episode, FloraDataError
 from flora.metrics.reward import dense_group_accuracy, failure_recall, outcome_mae, rubric_l1
 from flora.reward.rubric import Rubric
@@ -51,7 +52,7 @@ def score_tables(dataset_root: str | Path, store: TableStore | str | Path) -> di
     root = Path(dataset_root)
     st = store if isinstance(store, TableStore) else TableStore(store)
     gt = load_ground_truth(root)
-    name = root.name
+    name = local_dataset_name(root)  # "." names the folder, as the readers do
     eps = gt.episode_indices()
     m: dict[str, float] = {}
 

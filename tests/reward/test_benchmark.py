@@ -138,3 +138,15 @@ def test_cli_reward_commands(tiny_dataset, tmp_path, isolated_home):
     # Kinematic settings have no rewarder: a clear error, not a crash.
     r = CliRunner().invoke(app, ["reward", "outcome", str(tiny_dataset), "--out", str(tmp_path)])
     assert r.exit_code != 0 and "needs a VLM backend" in r.output
+
+
+def test_score_tables_from_inside_the_dataset_names_it(tiny_dataset, tmp_path, monkeypatch):
+    """``flora eval reward --dataset .``: the tables' ``dataset`` column is the folder's name,
+    which ``Path(".").name`` ("") never matched, so nothing was scored."""
+    from flora.curate.oracle import write_oracle_tables
+    from flora.reward.benchmark import score_tables
+
+    store = write_oracle_tables(tiny_dataset, tmp_path / "tables", "run-gt")
+    by_path = score_tables(tiny_dataset, store)
+    monkeypatch.chdir(tiny_dataset)
+    assert by_path and score_tables(".", store) == by_path
