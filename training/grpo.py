@@ -381,7 +381,8 @@ class EncodedGroup:
     inputs: dict[str, torch.Tensor]
     prompt_len: int
     completion_ids: torch.Tensor  # (G, Tc), padded with 0
-    completion_mask: torch.Tensor  # (G, Tc), 1 on real tokens (incl. the final <|im_end|>)
+    # (G, Tc), 1 on real tokens (incl. the final <|im_end|> of an answer the policy ended)
+    completion_mask: torch.Tensor
     # (G, Tc, K) token ids the guide allowed at each completion position, -1 padded;
     # set for guided rollouts (:func:`guide_support`), None otherwise.
     allowed: torch.Tensor | None = None
@@ -390,14 +391,21 @@ class EncodedGroup:
     free_rows: torch.Tensor | None = None
 
 
-def encode_group(processor: Any, request: VLMRequest, completions: Sequence[str]) -> EncodedGroup:
+def encode_group(
+    processor: Any,
+    request: VLMRequest,
+    completions: Sequence[str],
+    finish_reasons: Sequence[str] | None = None,
+) -> EncodedGroup:
     """Tokenise one prompt (the backends' own chat path, stamped images) and ``G`` completions.
 
     The prompt goes through ``request_to_chat`` / ``render_prompt`` and the processor exactly
-    as the transformers backend and SFT do; each completion is tokenised on its own and
-    followed by ``<|im_end|>`` (the stop token is part of the action). Sequences are the
-    prompt ids followed by the completion ids, right-padded: every row shares the prompt,
-    so no left padding shifts positions.
+    as the transformers backend and SFT do; each completion is tokenised on its own and,
+    when the policy ended it (``finish_reasons[i] == "stop"``, the default), followed by
+    ``<|im_end|>`` (the stop token is part of the action). A completion cut off at
+    ``max_new_tokens`` (``"length"``) gets none: the policy never sampled it. Sequences are
+    the prompt ids followed by the completion ids, right-padded: every row shares the
+    prompt, so no left padding shifts positions.
     """
     from flora.backends.processing import render_prompt, request_to_chat
 
@@ -409,9 +417,15 @@ def encode_group(processor: Any, request: VLMRequest, completions: Sequence[str]
     tok = processor.tokenizer
     end_id = tok.convert_tokens_to_ids(END)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else end_id
-    comp = [tok(c, add_special_tokens=False)["input_ids"] + [end_id] for c in completions]
+    finishes = list(finish_reasons) if finish_reasons is not None else ["stop"] * len(completions)
+    if len(finishes) != len(completions):
+        raise ValueError(f"{len(finishes)} finish reasons for {len(completions)} completions")
+    comp = [
+        tok(c, add_special_tokens=False)["input_ids"] + ([end_id] if f == "stop" else [])
+        for c, f in zip(completions, finishes, strict=True)
+    ]
     g = len(comp)
-    tc = max(len(c) for c in comp)
+    tc = max(1, *(len(c) for c in comp))  # >= 1 column even if every row is cut and empty
     ids = torch.full((g, tc), pad_id, dtype=torch.long)
     cmask = torch.zeros((g, tc), dtype=torch.long)
     for i, c in enumerate(comp):
@@ -482,8 +496,8 @@ def guide_support(mask: Any, group: EncodedGroup, skip: Sequence[bool] = ()) -> 
     allows at each completion position of ``group``, right-padded with -1.
 
     The prefix at position t is the text of the completion's first t tokens. The actual
-    token is always in its position's set (re-tokenised text, or an answer cut short before
-    it completed and then given the stop token), so every log-probability stays finite.
+    token is always in its position's set (re-tokenised text), so every log-probability
+    stays finite.
     Padding positions get their own (pad) token alone, and so does every position of a row
     whose ``skip`` is true (a free rollout of a mixed group: scored unmasked, and a free
     answer that left the grammar would cost a vocabulary scan per position).
@@ -687,9 +701,11 @@ def grpo_step(
     )
     reward_groups: list[list[Reward]] = []
     texts: list[list[str]] = []
+    finishes: list[list[str]] = []
     failed = 0
     for p, resps in zip(prompts, resp_groups, strict=True):
         tx = [r.text if r.ok else "" for r in resps]
+        finishes.append([getattr(r, "finish_reason", "stop") for r in resps])
         rw = score_completions(p, tx, judge)
         # A transport failure is the pod's, not the policy's: NaN drops the group.
         rw = [w if r.ok else Reward(math.nan, False, f"backend: {r.error}")
@@ -709,8 +725,8 @@ def grpo_step(
 
     requests = [p.request for p in prompts]  # built once per step (frames decoded here)
     encoded = [
-        encode_group(processor, r, tx) if bool(valid[i]) else None
-        for i, (r, tx) in enumerate(zip(requests, texts, strict=True))
+        encode_group(processor, r, tx, fr) if bool(valid[i]) else None
+        for i, (r, tx, fr) in enumerate(zip(requests, texts, finishes, strict=True))
     ]
     if masks is not None:  # guided rollouts: score the masked policy they came from
         for r, e in zip(requests, encoded, strict=True):
@@ -820,6 +836,11 @@ def prompts_from_examples(examples: Sequence[Any]) -> list[GRPOPrompt]:
             elif ex.model == "captioner":
                 p = GRPOPrompt("captioner", ex, ex.example_id,
                                requirements=list(ref["requirements"]))  # fmt: skip
+                if not p.requirements:  # every answer would score 0: no signal, a silent gap
+                    raise ValueError(
+                        f"example {ex.example_id} (episode {ex.episode_id}): no reference "
+                        "requirements (r_cap needs them); a GRPO set leaves such events out"
+                    )
             else:
                 raise ValueError(f"no GRPO for {ex.model!r} (no RL for the rewarder)")
         except (KeyError, TypeError) as e:

@@ -50,12 +50,18 @@ class TokenLogprob:
 
 @dataclass
 class VLMResponse:
-    """Model text, or an error (transport / server failure) with ``text == ''``."""
+    """Model text, or an error (transport / server failure) with ``text == ''``.
+
+    ``finish_reason``: ``"stop"`` when the model ended its answer (its end-of-turn token,
+    or a guided grammar completed), ``"length"`` when ``max_new_tokens`` cut it off (the
+    OpenAI field of the same name). A response built without it reads ``"stop"``.
+    """
 
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)
     error: str | None = None
     model: str = ""
+    finish_reason: str = "stop"
 
     @property
     def ok(self) -> bool:

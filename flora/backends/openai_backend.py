@@ -448,7 +448,12 @@ class OpenAIBackend:
         if isinstance(fingerprint, str) and fingerprint:
             self._version = fingerprint[:200]
         lps = _logprobs(choice.get("logprobs"))
-        return VLMResponse(text=content or "", logprobs=lps, model=self.model_version)
+        # "length": cut off at max_tokens; anything else (stop, a stop string, none given)
+        # is an answer the model ended.
+        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        return VLMResponse(
+            text=content or "", logprobs=lps, model=self.model_version, finish_reason=finish
+        )
 
 
 def _video_ok(req: VLMRequest) -> bool:

@@ -305,6 +305,7 @@ class TransformersBackend:
                     logprobs=g.logprobs,
                     error=g.error,
                     model=self.model_version,
+                    finish_reason=g.finish_reason,
                 )
             )
         return out

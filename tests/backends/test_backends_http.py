@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from flora.backends import VLMBackend, VLMRequest
+from flora.backends.base import VLMResponse
 from flora.backends.openai_backend import OpenAIBackend
 from flora.backends.processing import decode_image, encode_image
 from tests.backends.backend_helpers import FAIL_MARKER, TOKEN, frames, start_server, stop_server
@@ -38,6 +39,9 @@ def test_end_to_end_matches_in_process(served, tiny_backend):
         # PNG frames are lossless: the served model sees exactly what the local one sees.
         assert r.text == loc.text
         assert len(r.logprobs) == len(loc.logprobs) >= 1
+        # Cut off at max_new_tokens or ended by the model: the same over the wire.
+        assert r.finish_reason == loc.finish_reason
+        assert (loc.finish_reason == "length") == (len(loc.logprobs) == 6)
         for a, b in zip(r.logprobs, loc.logprobs, strict=True):
             assert a.token == b.token
             assert a.logprob == pytest.approx(b.logprob, abs=1e-3)
@@ -50,6 +54,21 @@ def test_end_to_end_matches_in_process(served, tiny_backend):
     assert models["data"][0]["model_version"] == tiny_backend.model_version
     assert client.attempts == len(reqs)
     assert 1 <= client.max_in_flight <= 4
+
+
+def test_the_client_reads_finish_reason():
+    """``finish_reason: "length"`` (cut at max_tokens) is kept; anything else, or none, is
+    an answer the model ended ("stop", the default of a response built without it)."""
+    client = OpenAIBackend("http://127.0.0.1:9", max_concurrency=1, timeout_s=1)
+
+    def reply(**choice):
+        return {"choices": [{"message": {"role": "assistant", "content": "hi"}, **choice}]}
+
+    assert client._parse(reply(finish_reason="length")).finish_reason == "length"
+    assert client._parse(reply(finish_reason="stop")).finish_reason == "stop"
+    assert client._parse(reply(finish_reason=None)).finish_reason == "stop"
+    assert client._parse(reply()).finish_reason == "stop"
+    assert VLMResponse("x").finish_reason == "stop"
 
 
 def test_a_request_seed_travels_over_the_wire(served, tiny_backend):

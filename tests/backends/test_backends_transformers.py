@@ -127,6 +127,9 @@ def test_max_new_tokens_and_mixed_settings_in_one_call(tiny_backend):
         True
     ] * 3
     assert all(len(lp.top) == 1 for lp in out[1].logprobs)
+    # Cut at max_new_tokens ("length") or ended by the model ("stop", fewer tokens).
+    for r, m in zip(out, reqs, strict=True):
+        assert r.finish_reason == ("length" if len(r.logprobs) == m.max_new_tokens else "stop")
 
 
 def test_sampling_is_seeded_and_reports_raw_logprobs(tiny_model):

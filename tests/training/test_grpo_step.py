@@ -283,3 +283,49 @@ def test_a_mixed_guided_group_sends_half_free_and_scores_them_unmasked(
     )
     assert stats.guided_reward_mean > stats.free_reward_mean
     assert {"grpo.free_parse_rate", "grpo.guided_reward_mean"} <= set(stats.metrics())
+
+
+class Cut(Scripted):
+    """Scripted answers, the ones listed in ``cut`` cut off at max_new_tokens."""
+
+    def __init__(self, texts: Sequence[str], cut: Sequence[int]):
+        super().__init__(texts)
+        self.cut = set(cut)
+
+    def generate(self, requests):
+        out = super().generate(requests)
+        for r, o in zip(requests, out, strict=True):
+            if int(r.request_id.rsplit("#g", 1)[1]) in self.cut:
+                o.finish_reason = "length"
+        return out
+
+
+def test_a_rollout_cut_at_max_new_tokens_gets_no_end_token(engine_and_model):
+    """The policy never sampled <|im_end|> after an answer cut off at max_new_tokens: the
+    loss must not score one (only an answer the policy ended carries it)."""
+    from training.grpo import END
+
+    engine, processor, cfg, reference = engine_and_model
+    end_id = processor.tokenizer.convert_tokens_to_ids(END)
+    model = engine.module
+    live = LivePolicyBackend(model, processor, seed=0)
+    req = dataclasses.replace(_prompt(4).request, temperature=1.0, max_new_tokens=3)
+    with single_torch_thread(), torch.no_grad():
+        outs = live.generate([req] * 4)
+    assert {o.finish_reason for o in outs} <= {"stop", "length"}
+    cut = [o for o in outs if o.finish_reason == "length"]
+    assert cut  # a random tiny model does not end its answer within 3 tokens
+    texts = [o.text for o in cut]
+    group = encode_group(processor, req, texts, [o.finish_reason for o in cut])
+    ended = encode_group(processor, req, texts)  # the default: answers the policy ended
+    for i in range(len(cut)):
+        ids = group.completion_ids[i][group.completion_mask[i].bool()].tolist()
+        assert not ids or ids[-1] != end_id
+        done = ended.completion_ids[i][ended.completion_mask[i].bool()].tolist()
+        assert done == [*ids, end_id]
+    # grpo_step passes each rollout's finish reason on: one cut answer, one token fewer.
+    texts = ["0 40 1 1", "none", "garbage!", "0 20 1 0"]
+    with single_torch_thread():
+        whole = _run(engine, processor, cfg, reference, Scripted(texts), [_prompt(0)])
+        one_cut = _run(engine, processor, cfg, reference, Cut(texts, [2]), [_prompt(0)])
+    assert whole.tokens == one_cut.tokens + 1
