@@ -282,17 +282,30 @@ def _mean(xs: list[float]) -> float:
     return sum(ok) / len(ok) if ok else math.nan
 
 
+def scored_heldout(model: str, set_dir: Path, args: argparse.Namespace, exclude: set[str]) -> list:
+    """The held-out examples every variant is scored on, free and guided alike: the set's
+    held-out ``model`` examples less ``exclude`` (:func:`heldout_exclusion`), at most
+    ``--eval-episodes`` episodes."""
+    from training.evaluate import heldout_examples
+
+    return heldout_examples(model, set_dir, limit=args.eval_episodes, exclude=exclude)
+
+
 def _guided_set(
-    model: str, held: list, args: argparse.Namespace, dataset: Path, set_dir: Path
+    model: str,
+    held: list,
+    args: argparse.Namespace,
+    dataset: Path,
+    set_dir: Path,
+    exclude: set[str],
 ) -> Path:
     """A set whose requests carry their grammar regexes (for the guided rows and rollouts).
 
     A set written before sets stored ``guided_regex`` is rebuilt beside it (deterministic:
-    the same held-out examples, checked) rather than retrained on.
+    the same held-out examples, less the same ``exclude``, checked) rather than retrained on.
     """
     if all(e.guided_regex for e in held):
         return set_dir
-    from training.evaluate import heldout_examples
     from training.recipe import load_recipe
     from training.sets import build_sft_set
 
@@ -303,8 +316,7 @@ def _guided_set(
         profiles = ("standard",) if args.quick else s.profiles
         build_sft_set(model, dataset, again, split_fraction=args.split,
                       **{**s.sft_kwargs(), "profiles": profiles}, progress=False)  # fmt: skip
-    out = heldout_examples(model, again, limit=args.eval_episodes,
-                           exclude=seen_by_lineage(model, args, dataset))  # fmt: skip
+    out = scored_heldout(model, again, args, exclude)
     same = [(e.example_id, e.prompt, e.target) for e in out] == [
         (e.example_id, e.prompt, e.target) for e in held
     ]
@@ -314,6 +326,18 @@ def _guided_set(
 
 
 # --------------------------------------------------------------------------- one model
+
+
+def _check_sft_lineage(sft_model: Path, all_held: set[str], exclude: set[str]) -> None:
+    """Every held-out episode the SFT export learnt from or was selected on is left out."""
+    from training.lineage import trained_episodes
+
+    leak = (trained_episodes(sft_model) & all_held) - exclude
+    if leak:
+        raise SystemExit(
+            f"{sft_model}: selected on or trained on held-out episodes this run scores "
+            f"({sorted(leak)[:5]}); a cached SFT from another recipe or step count?"
+        )
 
 
 def probe_exclusion(recipe: Any, args: argparse.Namespace, candidates: set[str]) -> set[str]:
@@ -334,8 +358,38 @@ def probe_exclusion(recipe: Any, args: argparse.Namespace, candidates: set[str])
     return set(probe_episode_ids(sorted(candidates), grpo.probe_episodes))
 
 
+def sft_selection(recipe: Any, held: list, steps: int | None) -> set[str]:
+    """Held-out episodes whose loss chooses SFT's exported state
+    (:func:`training.sft.sft_eval_pool`), recorded in the export as ``selected_on`` when it
+    evaluates more than once: when ``steps`` (or the recipe's) exceed ``eval_every``, or
+    the recipe runs by epochs."""
+    from training.sft import sft_eval_pool
+
+    stop = steps or recipe.max_steps
+    if not held or (stop is not None and stop <= recipe.eval_every):
+        return set()
+    return {e.episode_id for e in sft_eval_pool(held, recipe)}
+
+
+def heldout_exclusion(
+    recipe: Any,
+    args: argparse.Namespace,
+    held: list,
+    seen: set[str],
+    sft_steps: int | None,
+) -> dict[str, set[str]]:
+    """Every held-out episode no variant is scored on, computed once for all of them (free
+    and guided rows, every model): ``seen`` (by the lineage), those whose loss chooses
+    SFT's export (:func:`sft_selection`) and those GRPO's probe chooses on — picked, as
+    :mod:`training.grpo` does, among the episodes the SFT model never saw."""
+    sft = sft_selection(recipe, held, sft_steps)
+    ids = {e.episode_id for e in held}
+    probe = probe_exclusion(recipe, args, ids - seen - sft)
+    return {"sft": sft, "probe": probe, "all": seen | sft | probe}
+
+
 def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -> dict[str, Any]:
-    from training.evaluate import backend_for, generate_outputs, heldout_examples, score_outputs
+    from training.evaluate import backend_for, generate_outputs, score_outputs
     from training.grpo import prompts_from_examples, train_grpo
     from training.recipe import load_recipe
     from training.rewards import make_judge
@@ -355,10 +409,16 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
     train = [e for e in load_set(set_dir, split="train") if e.model == model]
     by_init, by_base = seen_by_init(model, args, dataset), seen_by_base(model, dataset)
     seen = by_init | by_base
-    all_held = {e.episode_id for e in load_set(set_dir, split="heldout") if e.model == model}
-    # The probe picks among episodes the SFT start's lineage never saw (all_held - seen).
-    probe_eps = probe_exclusion(recipe, args, all_held - seen)
-    held = heldout_examples(model, set_dir, limit=args.eval_episodes, exclude=seen | probe_eps)
+    held_all = [e for e in load_set(set_dir, split="heldout") if e.model == model]
+    all_held = {e.episode_id for e in held_all}
+    steps = args.sft_steps
+    if model == "segmenter" and args.segmenter_sft_steps:
+        steps = args.segmenter_sft_steps
+    # One exclusion for every variant, free and guided: the lineage's episodes, SFT's
+    # checkpoint choice and GRPO's probe (which picks among what the SFT model never saw).
+    excl = heldout_exclusion(recipe, args, held_all, seen, steps)
+    probe_eps, exclude = excl["probe"], excl["all"]
+    held = scored_heldout(model, set_dir, args, exclude)
     dropped, dropped_base = len(all_held & by_init), len(all_held & by_base)
     if dropped:
         _log(f"{model}: {dropped} held-out episodes the --init-from model trained on: not scored")
@@ -371,6 +431,7 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
                            "heldout_episodes": len({e.episode_id for e in held}),
                            "excluded_seen_by_init": dropped,
                            "excluded_seen_by_base": dropped_base,
+                           "excluded_sft_selection": sorted(excl["sft"]),
                            "excluded_grpo_probe": sorted(probe_eps),
                            "variants": {}}  # fmt: skip
 
@@ -433,9 +494,6 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
 
     # SFT
     sft_dir = wd / "sft"
-    steps = args.sft_steps
-    if model == "segmenter" and args.segmenter_sft_steps:
-        steps = args.segmenter_sft_steps
     if steps:  # the whole schedule (warm-up, cosine decay) over the steps actually run
         recipe = recipe.model_copy(update={"max_steps": steps})
     upd: dict[str, Any] = {"lr": recipe.lr * args.lr_scale}
@@ -470,13 +528,10 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         (wd / "sft_summary.json").write_text(json.dumps(res["sft"], indent=2))
     elif (wd / "sft_summary.json").is_file():
         res["sft"] = json.loads((wd / "sft_summary.json").read_text())
+    _check_sft_lineage(sft_dir / "model", all_held, exclude)
     ev("SFT", lambda: generate_outputs(backend_for(sft_dir / "model"), held))
-    guided_set = _guided_set(model, held, args, dataset, set_dir) if args.guided else None
-    guided_held = (
-        heldout_examples(model, guided_set, limit=args.eval_episodes, exclude=seen)
-        if guided_set
-        else None
-    )
+    guided_set = _guided_set(model, held, args, dataset, set_dir, exclude) if args.guided else None
+    guided_held = scored_heldout(model, guided_set, args, exclude) if guided_set else None
     if guided_held is not None:
         ev("SFT, guided", lambda: generate_outputs(
             backend_for(sft_dir / "model", guided=True), guided_held))  # fmt: skip
@@ -492,7 +547,7 @@ def run_model(model: str, args: argparse.Namespace, dataset: Path, work: Path) -
         # whose prompts carry their regexes, and a guided own-prompt probe).
         recipe_guided = bool(recipe.grpo is not None and recipe.grpo.guided)
         if recipe_guided and guided_set is None:
-            guided_set = _guided_set(model, held, args, dataset, set_dir)
+            guided_set = _guided_set(model, held, args, dataset, set_dir, exclude)
         runs = [] if args.grpo_guided_only else [("", recipe_guided)]
         if (args.grpo_guided or args.grpo_guided_only) and guided_set:
             runs.append(("_guided", True))

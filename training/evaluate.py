@@ -16,8 +16,10 @@ Metrics (``docs/training.md``, "Evaluation"):
 * segmenter, per window then averaged over windows: ``f1@0.5``, ``f1@0.75``,
   ``precision@0.5``, ``B`` (boundary score), ``r_seg``; a window whose output does not
   parse scores 0 on all of them (the GRPO reward's floor) and lowers ``parse_rate``;
-* captioner: ``r_cap`` averaged over **all** reference events of the held-out split — an
-  event whose caption did not parse or that the judge could not score counts 0 —
+* captioner: ``r_cap`` averaged over **all** reference events of the held-out split that
+  carry requirements (``r_cap_items``; an event without any, from a fleet's mixture, has
+  nothing to score against and is left out) — an event whose caption did not parse or
+  that the judge could not score counts 0 —
   ``coverage`` (the share of events that got a judged caption), ``r_cap_judged`` (mean
   over judged captions only) and ``parse_rate``;
 * rewarder: ``outcome.mae`` (E[s] from the score-token distribution, or the parsed score
@@ -204,11 +206,18 @@ def _caption_items(
         p = answer_parser(ex)(_text(out.get(ex.example_id)))
         row = {"example_id": ex.example_id, "episode_id": ex.episode_id,
                "reference": ref.get("caption", ""), "r_cap": 0.0, "judged": False}  # fmt: skip
+        reqs = ref.get("requirements") or []
+        # No requirements (an event of a fleet's mixture): r_cap has nothing to measure
+        # against, so the item is left out of it rather than counted 0 (or 1).
+        row["has_requirements"] = bool(reqs)
         if isinstance(p, Rejection):
             row.update(parsed=False, reason=p.reason, caption="")
         else:
             row.update(parsed=True, reason="", caption=p)
-            todo.append((len(rows), p, ref.get("requirements", [])))
+            if reqs:
+                todo.append((len(rows), p, reqs))
+        if not reqs:
+            row.update(r_cap=math.nan, reason=row["reason"] or "no reference requirements")
         rows.append(row)
     if todo:
         scores = score_captions(judge, [(c, r) for _, c, r in todo])
@@ -260,11 +269,14 @@ def _segment_metrics(df: pd.DataFrame) -> dict[str, float]:
 def _caption_metrics(df: pd.DataFrame) -> dict[str, float]:
     if not len(df):
         return {"items": 0.0}
-    judged = df[df["judged"]]
+    scored = df[df["has_requirements"]] if "has_requirements" in df else df
+    judged = scored[scored["judged"]]
     return {
-        "r_cap": float(df["r_cap"].mean()),  # over ALL reference events: failures count 0
+        # over ALL reference events that have requirements: failures count 0
+        "r_cap": float(scored["r_cap"].mean()) if len(scored) else math.nan,
         "r_cap_judged": float(judged["r_cap"].mean()) if len(judged) else math.nan,
-        "coverage": float(df["judged"].mean()),
+        "r_cap_items": float(len(scored)),
+        "coverage": float(scored["judged"].mean()) if len(scored) else math.nan,
         "parse_rate": float(df["parsed"].mean()),
         "items": float(len(df)),
     }

@@ -9,9 +9,9 @@ mean reward (0 for an answer that does not parse) decides which state is exporte
 
 The probe episodes are the *last* held-out episodes of the set (sorted ids): evaluation
 reports take held-out episodes from the front, and SFT's checkpoint choice uses the last
-held-out examples too. Unlike SFT's, GRPO's choice is recorded in the export
-(``selected_on.episodes``) and :func:`training.lineage.trained_episodes` counts them, so
-no evaluation ever scores the model on an episode that chose it.
+held-out examples too (never the first held-out episode). Both choices are recorded in
+the export (``selected_on.episodes``) and :func:`training.lineage.trained_episodes` counts
+them, so no evaluation ever scores the model on an episode that chose it.
 """
 
 from __future__ import annotations

@@ -92,6 +92,14 @@ COLUMNS: tuple[str, ...] = (
 OPTIONAL_COLUMNS: tuple[str, ...] = ("guided_regex",)
 MIXTURE_COLUMNS = ("episode_id", "start_us", "end_us", "caption", "weight", "split")
 _HELDOUT_ALIASES = {"heldout", "held_out", "val", "validation", "test", "eval"}
+#: The splits of a mixture written by ``flora curate`` (flora.curate.rules.SPLITS): what a
+#: row is *for*, not train vs held-out. The captioner's targets are the ``pretrain`` rows
+#: (accepted captions); every row of an episode gives the segmenter its events and the
+#: prompts their context; the rewarder reads every episode of the mixture.
+CURATED_SPLITS = ("pretrain", "policy", "failures")
+CAPTION_SPLIT = "pretrain"
+#: Why a captioner event is kept out of a GRPO set.
+NO_REQUIREMENTS = "no reference requirements (r_cap needs them)"
 
 
 class SetError(ValueError):
@@ -226,18 +234,44 @@ def _example(
 
 @dataclass
 class EpisodeSource:
-    """What the builders need about one episode: events (with captions) and its split."""
+    """What the builders need about one episode: events (with captions) and its split.
+
+    ``targets``: the ``(start_us, end_us)`` of the events the captioner builds examples for
+    (``None``: every event); the other events are still its prompts' context.
+    """
 
     index: int
     episode_id: str
     split: str
-    events: list[Any]  # GTEvent or mixture-derived Event (start_us, end_us, caption)
+    events: list[Any]  # GTEvent or MixtureEvent (start_us, end_us, caption, requirements)
     weight: float = 1.0
+    targets: set[tuple[int, int]] | None = None
+
+
+@dataclass
+class MixtureEvent:
+    """An event of a mixture row; ``requirements`` and ``success`` come from the ground-truth
+    event with the same interval (none when the dataset has no ground truth or no such event:
+    the fleet's case)."""
+
+    start_us: int
+    end_us: int
+    caption: str
+    requirements: list[Any] = field(default_factory=list)
+    success: bool = True
+
+
+def is_curated(mix: pd.DataFrame) -> bool:
+    """True for a mixture written by ``flora curate`` (splits pretrain / policy / failures),
+    False for one whose ``split`` says train / held-out."""
+    vals = {str(v).strip().lower() for v in mix["split"]}
+    return bool(vals) and vals <= set(CURATED_SPLITS)
 
 
 def read_mixture(path: str | Path) -> pd.DataFrame:
-    """Read and check a curated mixture (``episode_id, start_us, end_us, caption, weight,
-    split``); a missing column or an episode in two splits is a clear error."""
+    """Read and check a mixture: one written by ``flora curate`` (its curated splits kept as
+    they are, :func:`is_curated`) or one whose ``split`` is train / held-out (normalised;
+    an episode in two splits is a clear error). A missing column is a clear error."""
     p = Path(path)
     if not p.is_file():
         raise SetError(f"mixture {p} does not exist")
@@ -246,6 +280,9 @@ def read_mixture(path: str | Path) -> pd.DataFrame:
     if missing:
         raise SetError(f"mixture {p}: missing column(s) {missing}")
     df = df.copy()
+    if is_curated(df):
+        df["split"] = [str(v).strip().lower() for v in df["split"]]
+        return df
     df["split"] = [_norm_split(s, p) for s in df["split"]]
     both = df.groupby("episode_id")["split"].nunique()
     if (both > 1).any():
@@ -260,7 +297,10 @@ def _norm_split(s: Any, where: Path) -> str:
         return "train"
     if v in _HELDOUT_ALIASES:
         return "heldout"
-    raise SetError(f"mixture {where}: split {s!r} is not train/heldout (field split)")
+    raise SetError(
+        f"mixture {where}: split {s!r} is not train/heldout, nor are all splits those of a "
+        f"curated mixture {list(CURATED_SPLITS)} (field split)"
+    )
 
 
 def episode_sources(
@@ -269,32 +309,80 @@ def episode_sources(
     *,
     mixture: str | Path | None = None,
     max_episodes: int | None = None,
+    model: str | None = None,
 ) -> tuple[Any, Any, list[EpisodeSource]]:
-    """(dataset, ground truth, sources) — from ground truth, or the mixture's episodes/events."""
+    """(dataset, ground truth, sources) — from ground truth, or the mixture's episodes/events.
+
+    A curated mixture (``flora curate``, :func:`is_curated`): train / held-out by
+    ``split_of(episode_id, split_fraction)`` (DESIGN §3.5); an episode's events are its
+    rows of every split (one per interval), and the captioner's targets its
+    :data:`CAPTION_SPLIT` rows (``model``; an episode without one is left out). Ground truth
+    is optional with a mixture (``None`` when the dataset has none); each event takes its
+    reference requirements and success from the ground-truth event with the same interval.
+    """
     from flora.data.dataset import open_dataset
     from flora.data.episode import make_episode_id
     from flora.data.ground_truth import load_ground_truth
 
     ds = open_dataset(dataset_path)
-    gt = load_ground_truth(dataset_path)
-    by_id = {make_episode_id(ds.name, i): i for i in gt.episode_indices()}
+    try:
+        gt = load_ground_truth(dataset_path)
+    except FloraDataError:
+        if mixture is None or model == "rewarder":
+            raise
+        gt = None  # a fleet's mixture: no ground truth behind it
+    indices = gt.episode_indices() if gt is not None else ds.episode_indices()
+    by_id = {make_episode_id(ds.name, i): i for i in indices}
     sources: list[EpisodeSource] = []
     if mixture is not None:
         mix = read_mixture(mixture)
+        curated = is_curated(mix)
         for eid, g in mix.groupby("episode_id", sort=True):
             if eid not in by_id:
                 raise SetError(
                     f"mixture {mixture}: episode {eid!r} is not in dataset {ds.name} "
                     "(field episode_id)"
                 )
-            g = g.sort_values(["start_us", "end_us"])
-            evs = [
-                Event(int(r.start_us), int(r.end_us), str(r.caption))
-                for r in g.itertuples(index=False)
-            ]
+            g = g.sort_values(["start_us", "end_us"], kind="stable")
+            truth = (
+                {(int(e.start_us), int(e.end_us)): e for e in gt.events(by_id[eid])}
+                if gt is not None
+                else {}
+            )
+            evs: list[MixtureEvent] = []
+            seen: set[tuple[int, int]] = set()
+            for r in g.itertuples(index=False):
+                key = (int(r.start_us), int(r.end_us))
+                if key in seen:  # a curated item is a row of each split it belongs to
+                    continue
+                seen.add(key)
+                t = truth.get(key)
+                evs.append(
+                    MixtureEvent(
+                        *key,
+                        str(r.caption) if r.caption is not None else "",
+                        list(t.requirements) if t is not None else [],
+                        bool(t.success) if t is not None else True,
+                    )
+                )
+            if not curated:
+                sources.append(
+                    EpisodeSource(
+                        by_id[eid], eid, str(g["split"].iloc[0]), evs, float(g["weight"].sum())
+                    )
+                )
+                continue
+            targets = None
+            rows = g
+            if model == "captioner":
+                rows = g[g["split"] == CAPTION_SPLIT]
+                if not len(rows):
+                    continue  # no accepted caption in this episode
+                targets = set(zip(rows.start_us.tolist(), rows.end_us.tolist(), strict=True))
+            w = float(rows.drop_duplicates(["start_us", "end_us"])["weight"].sum())
             sources.append(
                 EpisodeSource(
-                    by_id[eid], eid, str(g["split"].iloc[0]), evs, float(g["weight"].sum())
+                    by_id[eid], eid, split_of(eid, split_fraction), evs, w, targets=targets
                 )
             )
     else:
@@ -409,7 +497,10 @@ def segmenter_examples(
 def captioner_examples(
     episode: Episode, src: EpisodeSource, *, purpose: str = "sft"
 ) -> tuple[list[Example], list[Failure]]:
-    """One example per event; prompts never carry any caption (neighbour_captions=False)."""
+    """One example per event (per target event of ``src.targets``); prompts never carry any
+    caption (neighbour_captions=False). A GRPO example needs the event's reference
+    requirements (its reward r_cap does): an event without them is a failed item
+    (:data:`NO_REQUIREMENTS`), never a prompt whose every answer scores 0."""
     from flora.caption.grammar import render_caption
     from flora.caption.run import CaptionConfig, build_caption_requests
 
@@ -422,6 +513,11 @@ def captioner_examples(
     for req, meta in zip(built.requests, built.meta, strict=True):
         k = meta["k"]
         ev = src.events[k]
+        if src.targets is not None and (int(ev.start_us), int(ev.end_us)) not in src.targets:
+            continue  # context only (another split of a curated mixture)
+        if purpose == "grpo" and not list(getattr(ev, "requirements", None) or []):
+            fails.append(Failure(TABLE, episode.episode_id, f"event {k}", NO_REQUIREMENTS))
+            continue
         try:
             target = render_caption(ev.caption)
         except ValueError as e:
@@ -826,7 +922,7 @@ def _build(
         raise SetError(f"unknown model {model!r}; expected one of {list(TASK_KINDS)}")
     check_set_out(out)  # refuse a user's folder before any work
     ds, gt, sources = episode_sources(
-        dataset_path, split_fraction, mixture=mixture, max_episodes=max_episodes
+        dataset_path, split_fraction, mixture=mixture, max_episodes=max_episodes, model=model
     )
     examples: list[Example] = []
     failures: list[Failure] = []

@@ -702,11 +702,12 @@ def train_sft(
     model.train()
 
     train_items = encode_items(train, processor)
-    # The *last* held-out examples choose the checkpoint: evaluation reports take whole
-    # held-out episodes from the front (training.evaluate.heldout_examples), so with enough
-    # held-out episodes the model is not scored on the episodes that selected it.
-    eval_pool = held[-recipe.eval_examples :] if recipe.eval_examples else held
+    eval_pool = sft_eval_pool(held, recipe)
     eval_items = encode_items(eval_pool, processor)
+    # What the export records once the held-out loss has chosen between states (two or
+    # more evaluations): training.lineage.trained_episodes then counts these episodes as
+    # seen, so no evaluation scores the model on the episodes that selected it.
+    selection = {"episodes": sorted({e.episode_id for e in eval_pool}), "metric": "eval_loss"}
     gb = recipe.micro_batch * recipe.grad_accum * world
     total_steps = recipe.max_steps or math.ceil(recipe.epochs * len(train_items) / gb)
     if recipe.max_steps is not None:
@@ -716,6 +717,7 @@ def train_sft(
     engine, optimizer, scheduler = deepspeed_engine(model, groups, recipe, world, total_steps)
 
     step, best, bad_evals, history = 0, None, 0, []
+    evals, best_step = 0, None  # held-out evaluations so far, and the step of the best one
     if resume:
         ckpt = latest_checkpoint(ckpt_root) if resume is True else Path(resume)
         if ckpt is None:
@@ -736,6 +738,10 @@ def train_sft(
         if client is None:
             raise CheckpointError(f"checkpoint {ckpt}: DeepSpeed could not load it")
         step, best, bad_evals = client["step"], client["best"], client["bad_evals"]
+        # A checkpoint written before these were kept: assume its best was chosen (more
+        # held-out episodes left out of evaluation, never a leak).
+        evals = client.get("evals", 2 if best is not None else 0)
+        best_step = client.get("best_step")
         history = list(client.get("history", []))
         _set_rng_state(client["rng"][rank] if rank < len(client["rng"]) else client["rng"][0])
         assert step == man["step"]
@@ -809,13 +815,19 @@ def train_sft(
                             f"{latest_checkpoint(ckpt_root) or 'none'}"
                         )
                     rec["eval_loss"] = ev
+                    evals += 1
                     if best is None or ev < best:
-                        best, bad_evals = ev, 0
-                        _export(
-                            engine, recipe, base_dir, base_id, out / "best", rank, set_path, init
-                        )
+                        best, best_step, bad_evals = ev, step, 0
+                        # The first evaluation alone chooses nothing (the state is the
+                        # last); from the second on the held-out loss picks the export.
+                        chosen = _selected_on(selection, best_step, best) if evals > 1 else None
+                        _export(engine, recipe, base_dir, base_id, out / "best", rank,
+                                set_path, init, selected_on=chosen)  # fmt: skip
                     else:
                         bad_evals += 1
+                        # The kept state now won over a later one: record what chose it.
+                        _record_selection(out / "best", _selected_on(selection, best_step, best),
+                                          rank)  # fmt: skip
             mlf.log_step(rec)
             # Also when a run is cut short of the recipe's schedule, so it can be resumed.
             if step < total_steps and (step % recipe.checkpoint_every == 0 or step == stop_at):
@@ -827,7 +839,14 @@ def train_sft(
                     base_id,
                     rank,
                     world,
-                    {"step": step, "best": best, "bad_evals": bad_evals, "history": history},
+                    {
+                        "step": step,
+                        "best": best,
+                        "bad_evals": bad_evals,
+                        "history": history,
+                        "evals": evals,
+                        "best_step": best_step,
+                    },
                 )
             if eval_items and bad_evals >= recipe.patience:
                 stopped_early = True
@@ -848,6 +867,41 @@ def train_sft(
         bar.close()
         mlf.fail()
         raise
+
+
+def sft_eval_pool(held: Sequence[Example], recipe: Recipe) -> list[Example]:
+    """The held-out examples whose loss chooses SFT's exported state (and stops it early):
+    the set's *last* ``recipe.eval_examples`` held-out examples (all when unset), never
+    from the first held-out episode when there are two or more.
+
+    Evaluation reports take whole held-out episodes from the front
+    (:func:`training.evaluate.heldout_examples`), and the export records the pool's
+    episodes (``selected_on``) once they chose, so no evaluation scores the model on them;
+    keeping the first episode out of the pool leaves evaluation at least one episode (the
+    demo's sets hold out two). On a large set the last examples never reach it, so the pool
+    is what it always was."""
+    first = held[0].episode_id if held else None
+    rest = [e for e in held if e.episode_id != first]
+    pool = rest if rest else list(held)
+    return list(pool[-recipe.eval_examples :] if recipe.eval_examples else pool)
+
+
+def _selected_on(selection: dict[str, Any], step: int | None, value: float) -> dict[str, Any]:
+    """``selected_on`` of an export (GRPO's format): the episodes, metric, kept step, value."""
+    return {**selection, "kept_step": step, "value": float(value)}
+
+
+def _record_selection(dst: Path, selected_on: dict[str, Any], rank: int) -> None:
+    """Add ``selected_on`` to the export at ``dst`` (its manifest only: ``files`` does not
+    hash the manifest), written to a temporary file and renamed."""
+    if rank == 0 and (dst / MODEL_MANIFEST).is_file():
+        man = read_model_manifest(dst)
+        if man.get("selected_on") != selected_on:
+            man["selected_on"] = selected_on
+            tmp = dst / f".{MODEL_MANIFEST}.tmp{os.getpid()}"
+            tmp.write_text(json.dumps(man, indent=2, sort_keys=True, default=str))
+            tmp.replace(dst / MODEL_MANIFEST)
+    _barrier()
 
 
 def evaluate_loss(
@@ -968,8 +1022,9 @@ def _export(
 ) -> None:
     """Write the model (adapter + base, or full weights + processor) to ``dst`` atomically.
 
-    ``selected_on``: the held-out episodes that chose this state (GRPO's probe), recorded so
-    that evaluation leaves them out (:func:`training.lineage.trained_episodes`)."""
+    ``selected_on``: the held-out episodes that chose this state (GRPO's probe, SFT's
+    held-out loss), recorded so that evaluation leaves them out
+    (:func:`training.lineage.trained_episodes`)."""
     module = engine.module
     state = None
     if recipe.zero_stage == 3:

@@ -145,6 +145,24 @@ def test_captioner_r_cap_counts_every_reference_event():
     assert m["parse_rate"] == pytest.approx(3 / 4)
 
 
+def test_captioner_events_without_requirements_are_not_scored_zero():
+    """An event of a fleet's mixture has no requirements: r_cap has nothing to measure, so
+    it is left out of r_cap (which covered it as 0 before, the reference caption included)
+    and counted in the parse rate only."""
+    bare = [
+        ex(f"b{i}", "captioner", "caption", "toy/000009",
+           {"caption": "pick up the cup.", "requirements": []})
+        for i in range(2)
+    ]  # fmt: skip
+    out = table([("e0", "caption: pick up the cup."), ("e1", "caption: open a drawer."),
+                 ("b0", "caption: pick up the cup."), ("b1", "no prefix")])  # fmt: skip
+    m = score_outputs("captioner", CAP[:2] + bare, out, judge=CupJudge(), n_boot=0).metrics
+    assert m["r_cap"] == pytest.approx(1 / 2) and m["r_cap_items"] == 2
+    assert m["parse_rate"] == pytest.approx(3 / 4) and m["items"] == 4
+    only = score_outputs("captioner", bare, out, judge=CupJudge(), n_boot=0).metrics
+    assert math.isnan(only["r_cap"]) and only["r_cap_items"] == 0
+
+
 RUB = Rubric.model_validate(
     {
         "task": "r",

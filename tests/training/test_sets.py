@@ -326,3 +326,69 @@ def test_grpo_prompts_decode_frames_only_when_a_step_uses_them(sets) -> None:
     assert exs[0]._decoded is None  # built per use, not kept on the example
     assert prompts[0].guided_regex == exs[0].guided_regex
     assert req.guided_regex == exs[0].guided_regex
+
+
+@pytest.fixture(scope="module")
+def curated_mixture(tiny_dataset, tmp_path_factory):
+    """The mixture ``flora curate`` writes for the tiny world (oracle tables)."""
+    from flora.curate.oracle import write_oracle_tables
+    from flora.curate.run import curate_dataset
+
+    root = tmp_path_factory.mktemp("curated")
+    write_oracle_tables(tiny_dataset, root / "tables", "run-gt")
+    curate_dataset(tiny_dataset, root / "tables", root / "out", "run-cur")
+    mix = root / "out" / "curated" / tiny_dataset.name / "mixture.parquet"
+    assert set(pd.read_parquet(mix).split) == {"pretrain", "policy", "failures"}
+    return mix
+
+
+def test_captioner_sets_from_a_curated_mixture(tiny_dataset, curated_mixture, tmp_path) -> None:
+    """A curated mixture's splits say what a row is for: the captioner's targets are its
+    ``pretrain`` rows, split train / held-out by episode hash, each with the reference
+    requirements of the ground-truth event of the same interval (so r_cap can score them)."""
+    from flora.data.episode import make_episode_id
+    from flora.metrics.caption import score_caption
+    from training.grpo import prompts_from_examples, score_completions
+    from training.rewards import make_judge
+    from training.sets import NO_REQUIREMENTS, set_failures
+
+    mix = pd.read_parquet(curated_mixture)
+    pre = mix[mix.split == "pretrain"]
+    want = {(r.episode_id, int(r.start_us), int(r.end_us)) for r in pre.itertuples()}
+    gt = load_ground_truth(tiny_dataset)
+    name = open_dataset(tiny_dataset).name
+    truth = {(make_episode_id(name, i), e.start_us, e.end_us): e
+             for i in gt.episode_indices() for e in gt.events(i)}  # fmt: skip
+    kw = {"split_fraction": FRACTION, "mixture": curated_mixture, "progress": False}
+    sft = build_sft_set("captioner", tiny_dataset, tmp_path / "sft", **kw)
+    grpo = build_grpo_set("captioner", tiny_dataset, tmp_path / "grpo", **kw)
+    judge = make_judge("embedding")
+    for path in (sft, grpo):
+        exs = load_set(path)
+        got = {(e.episode_id, *(e.reference_obj()[k] for k in ("start_us", "end_us"))) for e in exs}
+        assert got == want  # the pretrain rows, each once
+        assert all(e.split == split_of(e.episode_id, FRACTION) for e in exs)
+        for e in exs:
+            t = truth[(e.episode_id, e.reference_obj()["start_us"], e.reference_obj()["end_us"])]
+            assert len(e.reference_obj()["requirements"]) == len(t.requirements) > 0
+    # The reference caption scores what it should, as a GRPO reward and in evaluation.
+    ex = load_set(grpo, split="train")[0]
+    (p,) = prompts_from_examples([ex])
+    assert score_completions(p, [ex.target], judge)[0].value > 0.9
+    ref = ex.reference_obj()
+    assert score_caption(judge, ref["caption"], ref["requirements"]).reward > 0.9
+
+    # No ground truth (a fleet): SFT needs no requirements; a GRPO set cannot score any event.
+    import shutil
+
+    fleet = tmp_path / tiny_dataset.name
+    shutil.copytree(tiny_dataset, fleet)
+    shutil.rmtree(fleet / "ground_truth")
+    kw["mixture"] = curated_mixture
+    bare = load_set(build_sft_set("captioner", fleet, tmp_path / "fleet_sft", **kw))
+    assert len(bare) == len(want) and not any(e.reference_obj()["requirements"] for e in bare)
+    with pytest.raises(SetError, match=r"no examples built for captioner.*r_cap needs them"):
+        build_grpo_set("captioner", fleet, tmp_path / "fleet_grpo", **kw)
+    with pytest.raises(ValueError, match="no reference requirements"):
+        prompts_from_examples(bare[:1])
+    assert set_failures(grpo).empty or NO_REQUIREMENTS not in set(set_failures(grpo).reason)

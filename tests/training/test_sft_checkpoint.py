@@ -258,3 +258,61 @@ def test_bad_inputs_are_clear_errors(tiny_base, mini_set, tmp_path) -> None:
         shutil.copy(other / name, mixed / name)
     with pytest.raises(TrainingError, match="processor does not match the model"):
         train_sft(_recipe(mixed), mini_set, tmp_path / "d", log_mlflow=False)
+
+
+def _set_with_manifest(path, n_heldout):
+    import json
+
+    from tests.training.helpers import mini_examples, write_set
+
+    exs = mini_examples(n_heldout=n_heldout)
+    s = write_set(path, exs)
+    eps = {sp: sorted({e.episode_id for e in exs if e.split == sp}) for sp in ("train", "heldout")}
+    (s / "manifest.json").write_text(json.dumps({"episodes": eps}))
+    return s
+
+
+def test_the_held_out_examples_that_chose_the_export_are_recorded(tiny_base, tmp_path) -> None:
+    """SFT keeps its best held-out state: the episodes whose loss chose it are recorded in
+    the export (``selected_on``, GRPO's format) and evaluation leaves them out."""
+    import json
+
+    from training.evaluate import unseen_heldout
+    from training.lineage import trained_episodes
+
+    s = _set_with_manifest(tmp_path / "set", n_heldout=3)  # held out: mini/000004..000006
+    r = _recipe(tiny_base, max_steps=2, eval_every=1, eval_examples=1, scheduler="constant",
+                warmup_steps=0)  # fmt: skip
+    res = train_sft(r, s, tmp_path / "out", log_mlflow=False, progress=False)
+    man = json.loads((res.model_dir / "flora_model.json").read_text())
+    sel = man["selected_on"]
+    assert sel["episodes"] == ["mini/000006"]  # the last eval_examples held-out examples
+    assert sel["metric"] == "eval_loss" and sel["kept_step"] in (1, 2)
+    assert sel["value"] == pytest.approx(res.best_eval_loss)
+    assert "mini/000006" in trained_episodes(res.model_dir)
+    unseen = {e.episode_id for e in unseen_heldout("captioner", s, res.model_dir).examples}
+    assert unseen == {"mini/000004", "mini/000005"}
+
+    # One evaluation (at the last step) chose nothing: the export is the last state.
+    once = _recipe(tiny_base, max_steps=2, eval_every=100, eval_examples=1,
+                   scheduler="constant", warmup_steps=0)  # fmt: skip
+    res1 = train_sft(once, s, tmp_path / "once", log_mlflow=False, progress=False)
+    assert res1.best_eval_loss is not None
+    assert "selected_on" not in json.loads((res1.model_dir / "flora_model.json").read_text())
+    assert len(unseen_heldout("captioner", s, res1.model_dir).examples) == 3
+
+
+def test_sft_eval_pool_leaves_the_first_held_out_episode_to_evaluation():
+    """The examples that choose SFT's export are recorded as seen, so evaluation (whole
+    episodes from the front) would have nothing left if the pool covered every held-out
+    episode, as the demo's rewarder set (two held-out episodes, 14 examples) did."""
+    from types import SimpleNamespace
+
+    from training.sft import sft_eval_pool
+
+    held = [SimpleNamespace(episode_id=f"w/{i // 7:06d}", k=i) for i in range(14)]
+    pool = sft_eval_pool(held, SimpleNamespace(eval_examples=32))
+    assert {e.episode_id for e in pool} == {"w/000001"} and len(pool) == 7
+    assert [e.k for e in sft_eval_pool(held, SimpleNamespace(eval_examples=3))] == [11, 12, 13]
+    one = held[:7]  # one held-out episode: nothing can be kept apart
+    assert sft_eval_pool(one, SimpleNamespace(eval_examples=None)) == one
