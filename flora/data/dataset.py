@@ -22,6 +22,7 @@ import os
 import re
 import string
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -634,6 +635,20 @@ def _meta_number(
     return int(x) if whole else x
 
 
+def _read_jsonl(path: Path, add: Callable[[dict], None], *, dataset: str, field: str) -> None:
+    """Hand each record of a JSON-lines metadata file to ``add``; a line that is not JSON or
+    lacks what ``add`` reads is bad input naming the file, the line and the field."""
+    for ln, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            add(json.loads(line))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise FloraDataError(
+                f"bad {path.name} line {ln} ({e})", dataset=dataset, file=path, field=field
+            ) from e
+
+
 class LeRobotV21Dataset(_LeRobotBase):
     """LeRobot v2.x: one parquet and one mp4 per episode, jsonl metadata."""
 
@@ -650,37 +665,20 @@ class LeRobotV21Dataset(_LeRobotBase):
                 "episode metadata missing", dataset=self.name, file=p, field="episodes"
             )
         self.episodes_meta: dict[int, dict] = {}
-        for ln, line in enumerate(p.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                idx = int(d["episode_index"])
-                int(d["length"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise FloraDataError(
-                    f"bad episodes.jsonl line {ln} ({e})",
-                    dataset=self.name,
-                    file=p,
-                    field="episode_index/length",
-                ) from e
-            self.episodes_meta[idx] = d
+
+        def add_episode(d: dict) -> None:
+            int(d["length"])
+            self.episodes_meta[int(d["episode_index"])] = d
+
+        _read_jsonl(p, add_episode, dataset=self.name, field="episode_index/length")
         self._tasks: dict[int, str] = {}
         tp = root / "meta" / "tasks.jsonl"
         if tp.exists():
-            for ln, line in enumerate(tp.read_text().splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    d = json.loads(line)
-                    self._tasks[int(d["task_index"])] = str(d["task"])
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                    raise FloraDataError(
-                        f"bad tasks.jsonl line {ln} ({e})",
-                        dataset=self.name,
-                        file=tp,
-                        field="task_index/task",
-                    ) from e
+
+            def add_task(d: dict) -> None:
+                self._tasks[int(d["task_index"])] = str(d["task"])
+
+            _read_jsonl(tp, add_task, dataset=self.name, field="task_index/task")
 
     def episode_indices(self) -> list[int]:
         return sorted(self.episodes_meta)
