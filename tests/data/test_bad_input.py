@@ -202,14 +202,22 @@ def test_null_episode_metadata_cell_fails_that_episode_only(damaged, field, expe
     assert field in res.errors()[1]
 
 
-def test_v21_malformed_tasks_jsonl_names_the_file(tiny_v21, tmp_path):
-    root = tmp_path / "v21_tasks"
+@pytest.mark.parametrize(
+    ("name", "line", "field"),
+    [
+        ("tasks.jsonl", '{"task_index": 9, "task" "no colon"}', "task_index/task"),
+        ("episodes.jsonl", '{"episode_index": 9}', "episode_index/length"),
+    ],
+)
+def test_v21_malformed_jsonl_line_names_the_file(tiny_v21, tmp_path, name, line, field):
+    root = tmp_path / "v21_jsonl"
     shutil.copytree(tiny_v21, root)
-    p = root / "meta/tasks.jsonl"
-    p.write_text(p.read_text() + '{"task_index": 9, "task" "no colon"}\n')
-    with pytest.raises(FloraDataError, match="bad tasks.jsonl line") as ei:
+    p = root / "meta" / name
+    n = len(p.read_text().splitlines())
+    p.write_text(p.read_text() + line + "\n")
+    with pytest.raises(FloraDataError, match=f"bad {name} line {n + 1}") as ei:
         open_dataset(root)
-    assert ei.value.file == str(p)
+    assert (ei.value.file, ei.value.field) == (str(p), field)
 
 
 def test_a_dataset_opened_as_dot_keeps_its_folder_name(tiny_dataset, monkeypatch):
