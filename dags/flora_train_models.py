@@ -65,7 +65,7 @@ def _skip_unless(state: dict[str, Any], model: str) -> None:
     max_active_runs=1,
     tags=["flora", "training", "registry"],
     # Steps are idempotent (sets and exports are written atomically, SFT resumes from its
-    # latest checkpoint); a retried registration adds a new challenger version.
+    # latest checkpoint); a retried registration gets back the version it registered.
     default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
     params={
         "dataset": Param(

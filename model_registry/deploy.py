@@ -43,6 +43,28 @@ class Deployment:
         return asdict(self)
 
 
+#: The exported model folder as the manifests name it; :func:`render_manifest` puts the
+#: version's own folder in its place (MLflow names it after the logged directory).
+CHECKPOINT_DIR = "/mnt/models/artifacts/checkpoint"
+
+
+def checkpoint_dir(uri: str) -> str:
+    """Where a version's exported model folder lies under ``/mnt/models`` (the storage
+    initializer's copy of ``uri``), read from the version's ``MLmodel``."""
+    import mlflow
+
+    from model_registry.register import CHECKPOINT_KEY
+
+    try:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=f"{uri.rstrip('/')}/MLmodel")
+        spec = yaml.safe_load(Path(local).read_text())
+        rel = spec["flavors"]["python_function"]["artifacts"][CHECKPOINT_KEY]["path"]
+    except Exception as e:  # noqa: BLE001 - any gap means it is no Flora model to serve
+        raise RegistryError(f"{uri} is not a Flora MLflow model (no {CHECKPOINT_KEY!r} "
+                            f"artifact in its MLmodel): {e}") from e  # fmt: skip
+    return f"/mnt/models/{str(rel).strip('/')}"
+
+
 def render_manifest(model: str, ref: str | int = CHAMPION, overlay: str = "dev") -> dict[str, Any]:
     """The checked ``InferenceService`` of ``model`` at version/alias ``ref``."""
     name = registered_name(model)
@@ -61,6 +83,10 @@ def render_manifest(model: str, ref: str | int = CHAMPION, overlay: str = "dev")
         raise RegistryError(f"overlay {overlay!r} has no InferenceService {name}")
     isvc = copy.deepcopy(objs[0])
     isvc["spec"]["predictor"]["model"]["storageUri"] = uri
+    # vLLM reads the weights where the storage initializer put this version's folder.
+    where = checkpoint_dir(uri)
+    spec = isvc["spec"]["predictor"]["model"]
+    spec["args"] = [str(a).replace(CHECKPOINT_DIR, where) for a in spec.get("args", [])]
     ann = isvc["metadata"].setdefault("annotations", {})
     ann["flora.ai/model-version"] = str(version)
     ann["flora.ai/run-id"] = str(mv.run_id or "")
@@ -120,4 +146,4 @@ def deploy(
     return Deployment(name, version, uri, str(path), overlay, action)
 
 
-__all__ = ["Deployment", "deploy", "render_manifest"]
+__all__ = ["CHECKPOINT_DIR", "Deployment", "checkpoint_dir", "deploy", "render_manifest"]

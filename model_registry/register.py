@@ -149,7 +149,9 @@ def register_model(
     ``run_id``) as ``flora-<model>``; returns the version.
 
     The logged checkpoint must carry a complete manifest (checked on the logged copy);
-    the version gets the lineage ``tags`` and the run id, then the ``alias``.
+    the version gets the lineage ``tags`` and the run id, then the ``alias``. Idempotent per
+    training run: a version already registered from ``run_id`` is returned (tags and alias
+    set again), so a retried registration adds no second version.
     """
     import mlflow
     from mlflow import MlflowClient
@@ -169,6 +171,14 @@ def register_model(
     name = MODEL_NAMES[model]
     all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
     all_tags["flora.training_run_id"] = run_id
+    for mv in client.search_model_versions(f"name='{name}'"):
+        if mv.tags.get("flora.training_run_id") == run_id:
+            # A retried registration (its task failed after this line last time): the same
+            # training run is the same model, so it keeps its version instead of a new one.
+            for k, v in all_tags.items():
+                client.set_model_version_tag(name, mv.version, k, v)
+            client.set_registered_model_alias(name, alias, mv.version)
+            return str(mv.version)
     mv = mlflow.register_model(model_uri, name, tags=all_tags)
     client.set_registered_model_alias(name, alias, mv.version)
     return str(mv.version)

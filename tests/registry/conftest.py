@@ -61,9 +61,16 @@ def make_version(registry_home, tmp_path):
         except mlflow.exceptions.MlflowException:
             pass
         with mlflow.start_run(experiment_id=exp) as run:
-            f = tmp_path / f"weights-{run.info.run_id}.txt"
-            f.write_text("weights")
-            mlflow.log_artifact(str(f), artifact_path="model")
+            # The layout of a logged Flora model that deploy reads: MLmodel naming the
+            # exported folder (artifacts/model) of the "checkpoint" artifact.
+            d = tmp_path / f"mv-{run.info.run_id}"
+            (d / "artifacts" / "model").mkdir(parents=True)
+            (d / "artifacts" / "model" / "weights.txt").write_text("weights")
+            (d / "MLmodel").write_text(
+                "flavors:\n  python_function:\n    artifacts:\n      checkpoint:\n"
+                "        path: artifacts/model\n"
+            )
+            mlflow.log_artifacts(str(d), artifact_path="model")
         src = f"{run.info.artifact_uri}/model"
         mv = client.create_model_version(name, src, run_id=run.info.run_id)
         fp = eval_set_tags(episodes) if episodes is not None and metrics else None

@@ -43,6 +43,8 @@ def test_promote_refuse_rollback_and_deploy_through_the_cli(make_version, tmp_pa
 
     uri = MlflowClient().get_model_version_download_uri("flora-captioner", v3)
     assert isvc["spec"]["predictor"]["model"]["storageUri"] == uri
+    # vLLM is pointed at the version's own model folder, not the manifest's placeholder.
+    assert "--model=/mnt/models/artifacts/model/model" in isvc["spec"]["predictor"]["model"]["args"]
 
     r = _run("rollback", "captioner")
     assert r.exit_code == 0 and f"v{v3} -> v{v1}" in r.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -147,3 +148,41 @@ def test_retried_eval_never_tags_the_version(registered, seg_set, capsys) -> Non
     rid = out.split("logged to MLflow run ")[1].split()[0]
     run = c.get_run(rid)
     assert run.data.tags["flora.eval.attempts"] == "2" and "eval.parse_rate" in run.data.metrics
+
+
+def test_deploy_points_vllm_at_the_folder_mlflow_stored(registered) -> None:
+    """The pods load ``/mnt/models/<the version's folder>``: MLflow names the stored folder
+    after the exported directory (``model``), not the artifact key the manifests used."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from flora.tracking import configure
+    from model_registry.deploy import CHECKPOINT_DIR, render_manifest
+
+    configure()
+    isvc = render_manifest("segmenter", registered.registered_version)
+    args = isvc["spec"]["predictor"]["model"]["args"]
+    (lora,) = [a for a in args if a.startswith("--lora-modules=")]
+    path = lora.split("=", 2)[2]
+    assert CHECKPOINT_DIR not in path and path.startswith("/mnt/models/artifacts/")
+    uri = MlflowClient().get_model_version_download_uri("flora-segmenter", "1")
+    local = mlflow.artifacts.download_artifacts(artifact_uri=uri)
+    assert (Path(local) / path.removeprefix("/mnt/models/") / "adapter_config.json").is_file()
+
+
+def test_a_retried_registration_keeps_the_version(registered) -> None:
+    """register_model from the same training run again (an Airflow/KFP retry after it had
+    registered): the same version comes back, no second challenger appears."""
+    from mlflow import MlflowClient
+
+    from flora.tracking import configure
+    from model_registry.register import register_model
+    from training.evaluate import logged_model_uri
+
+    configure()
+    again = register_model("segmenter", logged_model_uri(registered.run_id), registered.run_id,
+                           tags={"flora.retry": "1"})  # fmt: skip
+    c = MlflowClient()
+    assert again == registered.registered_version
+    assert len(c.search_model_versions("name='flora-segmenter'")) == 1
+    assert c.get_model_version("flora-segmenter", again).tags["flora.retry"] == "1"
