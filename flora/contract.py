@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 US_PER_S = 1_000_000
 TICK_US = 50_000  # 20 Hz local ticks used by the segmenter grammar
@@ -84,3 +85,24 @@ def validate_events(events: Iterable[Event], duration_us: int, *, where: str = "
     """Validate every event of one episode against eq. (1)."""
     for i, ev in enumerate(events):
         validate_interval(ev.start_us, ev.end_us, duration_us, where=f"{where} event {i}")
+
+
+#: The columns that tie a caption to the event it describes: a caption belongs to its event
+#: by index *and* interval, so one written before the episode was segmented again (same
+#: index, another interval) describes a segment that no longer exists.
+EVENT_KEY = ("event_index", "start_us", "end_us")
+
+
+def event_keys(df: Any) -> set[tuple[int, int, int]]:
+    """The :data:`EVENT_KEY` triples of an events or captions frame (empty for ``None``)."""
+    if df is None or not len(df):
+        return set()
+    return {(int(k), int(s), int(e)) for k, s, e in df[list(EVENT_KEY)].itertuples(index=False)}
+
+
+def captions_by_event(df: Any) -> dict[tuple[int, int, int], Any]:
+    """Caption per :data:`EVENT_KEY` triple of a captions frame (empty for ``None``)."""
+    if df is None or not len(df):
+        return {}
+    keys = df[list(EVENT_KEY)].itertuples(index=False)
+    return {(int(k), int(s), int(e)): c for (k, s, e), c in zip(keys, df["caption"], strict=True)}

@@ -41,7 +41,7 @@ from flora.caption.prompts import (
     ClipSpec,
     build_caption_prompt,
 )
-from flora.contract import Event
+from flora.contract import EVENT_KEY, Event, event_keys
 from flora.data.episode import Episode, FloraDataError, make_episode_id
 from flora.parsing import generate_parsed
 from flora.steps_common import read_validated, run_episodes
@@ -371,17 +371,6 @@ def caption_episode(
     return EpisodeCaptions(eid, df, failures)
 
 
-#: The columns that tie a caption to the event it describes.
-SPAN = ("event_index", "start_us", "end_us")
-
-
-def _spans(df: pd.DataFrame | None) -> set[tuple[int, int, int]]:
-    """The ``(event_index, start_us, end_us)`` triples of an events or captions frame."""
-    if df is None or not len(df):
-        return set()
-    return {(int(k), int(s), int(e)) for k, s, e in df[list(SPAN)].itertuples(index=False)}
-
-
 # --------------------------------------------------------------------------- events input
 
 
@@ -534,7 +523,9 @@ def caption_dataset(
     # Captions written for other event intervals (the episode was segmented again since)
     # describe segments that no longer exist: such an episode is captioned again.
     stale = {
-        e for e in skipped if _spans(store.read_part(TABLE, e, list(SPAN))) != _spans(groups[e])
+        e
+        for e in skipped
+        if event_keys(store.read_part(TABLE, e, list(EVENT_KEY))) != event_keys(groups[e])
     }
     redo = stale | set(todo)
     todo = [e for e in order if e in redo]

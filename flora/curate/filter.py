@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 
+from flora.contract import captions_by_event
 from flora.curate.rules import CurationRules
 from flora.curate.sources import Annotations
 
@@ -200,12 +201,10 @@ def _decide_episode(
         rubric_total = float(pd.to_numeric(rb["total"], errors="coerce").iloc[0])
 
     # Captions by event index; rejections from the captioner's recorded failures.
-    # A caption belongs to an event by index *and* interval: one written before the episode
-    # was segmented again describes another segment, so it is stale, not this event's.
-    caps: dict[int, tuple[int, int, str]] = {}
-    if cap is not None and len(cap):
-        caps = {int(k): (int(s), int(e), str(c)) for k, s, e, c in zip(
-            cap.event_index, cap.start_us, cap.end_us, cap.caption, strict=True)}  # fmt: skip
+    # By index *and* interval (flora.contract.EVENT_KEY): a caption of the same index and
+    # another interval is stale, not this event's.
+    caps = captions_by_event(cap)
+    written = {k: (s, e) for k, s, e in caps}  # the interval each index was captioned for
     rejected: dict[int, str] = {}
     for f in ann.failed("captions", eid):
         mm = _EVENT_ITEM.match(f.item)
@@ -243,8 +242,9 @@ def _decide_episode(
         if k >= 0 and dur > rules.duration.max_segment_s * 1e6:
             drop_r.append(f"duration: segment {_sec(dur)} > {rules.duration.max_segment_s} s")
         # Caption quality (pretraining only).
-        got = caps.get(k) if k >= 0 else None
-        caption = got[2] if got is not None and got[:2] == (s, e) else None
+        got = written.get(k) if k >= 0 else None
+        c = caps.get((k, s, e)) if k >= 0 else None
+        caption = str(c) if c is not None else None
         if k < 0:
             status, cap_ok, cap_r = "none", False, "caption: no events, nothing to caption"
         elif caption is not None:

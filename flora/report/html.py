@@ -179,12 +179,12 @@ def episode_page(
     events = evs.copy() if len(evs) else pd.DataFrame(
         columns=["event_index", "start_us", "end_us", "caption"])  # fmt: skip
     if len(caps) and len(events):
-        # By index *and* interval, as curation does: a caption written before the episode was
-        # segmented again describes another segment, so it is stale and shows as no caption.
-        cmap = {(int(k), int(s), int(e)): c for k, s, e, c in zip(
-            caps.event_index, caps.start_us, caps.end_us, caps.caption, strict=True)}  # fmt: skip
-        events["caption"] = [cmap.get((int(k), int(s), int(e))) for k, s, e in zip(
-            events.event_index, events.start_us, events.end_us, strict=True)]  # fmt: skip
+        # By index *and* interval (flora.contract.EVENT_KEY): a stale caption shows as none.
+        from flora.contract import EVENT_KEY, captions_by_event
+
+        cmap = captions_by_event(caps)
+        keys = events[list(EVENT_KEY)].itertuples(index=False)
+        events["caption"] = [cmap.get((int(k), int(s), int(e))) for k, s, e in keys]
     elif len(caps):
         events = caps.copy()
     thumbs = _thumbs(dataset, int(meta["episode_index"]), events)
