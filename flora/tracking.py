@@ -105,6 +105,26 @@ def git_commit() -> str:
     return res.stdout.strip() if res.returncode == 0 else "unknown"
 
 
+def pinned_requirements(*packages: str) -> list[str]:
+    """``pkg==version`` of ``packages`` as installed, plus what every pyfunc ``python_model``
+    needs (mlflow, cloudpickle), for ``log_model(pip_requirements=...)``.
+
+    Explicit because MLflow's inference imports the model's code in a subprocess (about ten
+    seconds per logged model on two cores) and misses what the loader imports lazily: it left
+    torch out of the policy's requirements. ``flora`` itself is not listed: it is not a PyPI
+    package; the serving image carries it.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for pkg in ("mlflow", "cloudpickle", *packages):
+        try:
+            out.append(f"{pkg}=={version(pkg)}")
+        except PackageNotFoundError:
+            continue
+    return list(dict.fromkeys(out))
+
+
 def start_pipeline_run(
     workflow: str,
     *,

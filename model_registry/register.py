@@ -95,22 +95,11 @@ def _pyfunc_class():
     return FloraVLM
 
 
-def _requirements() -> list[str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = []
-    for pkg in ("torch", "transformers", "peft", "safetensors", "pillow", "mlflow"):
-        try:
-            out.append(f"{pkg}=={version(pkg)}")
-        except PackageNotFoundError:
-            continue
-    return out
-
-
 def log_flora_model(model_dir: str | Path, *, name: str = ARTIFACT_NAME) -> str:
     """Log an exported model dir to the active MLflow run; returns the model URI."""
     import mlflow
 
+    from flora.tracking import pinned_requirements
     from training.sft import verify_model_dir
 
     try:
@@ -122,8 +111,9 @@ def log_flora_model(model_dir: str | Path, *, name: str = ARTIFACT_NAME) -> str:
         python_model=_pyfunc_class()(),
         artifacts={CHECKPOINT_KEY: str(Path(model_dir).resolve())},
         signature=_signature(),
-        # Explicit: inferring requirements reloads the model in a subprocess (slow).
-        pip_requirements=_requirements(),
+        pip_requirements=pinned_requirements(
+            "torch", "transformers", "peft", "safetensors", "pillow"
+        ),
         metadata={"flora_model": man["model"], "kind": man["kind"], "base": man["base"]},
     )
     return info.model_uri

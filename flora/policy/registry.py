@@ -74,6 +74,7 @@ def log_policy_model(checkpoint: str | Path) -> str:
     import mlflow
 
     from flora.policy.lerobot import load_policy
+    from flora.tracking import pinned_requirements
 
     load_policy(checkpoint)  # refuse anything that is not a complete Flora policy checkpoint
     info = mlflow.pyfunc.log_model(
@@ -81,6 +82,7 @@ def log_policy_model(checkpoint: str | Path) -> str:
         python_model=_pyfunc_class()(),
         artifacts={CHECKPOINT_KEY: str(Path(checkpoint).resolve())},
         signature=_signature(),
+        pip_requirements=pinned_requirements("torch", "numpy", "pandas"),
         metadata={"flora_model": "policy", "kind": "flora.policy.dit"},
     )
     return info.model_uri

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -358,6 +359,14 @@ def test_policy_versions_scored_on_other_episodes_do_not_compare(toy, tmp_path, 
         tags = {k: MlflowClient().get_model_version(NAME, v).tags for k, (v, _) in versions.items()}
         assert versions[0][1] != versions[1][1]
         assert len(tags[0][EVAL_SET_TAG]) == 64 and tags[0][EVAL_SET_TAG] != tags[1][EVAL_SET_TAG]
+        # Requirements are pinned from the environment, not inferred in a subprocess.
+        import mlflow
+
+        deps = Path(mlflow.pyfunc.get_model_dependencies(f"models:/{NAME}/{versions[0][0]}"))
+        pinned = deps.read_text().split()
+        assert f"torch=={torch.__version__}" in pinned and any(
+            r.startswith("cloudpickle==") for r in pinned
+        )
         promote("policy", versions[0][0], force=True)
         other = evaluate_gates("policy", versions[1][0])
         assert not other.passed and any("not scored on the same held-out" in r
