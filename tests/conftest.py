@@ -21,6 +21,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 TINY_SEED = 7
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _migrated_mlflow_sqlite(tmp_path_factory):
+    """Fresh SQLite MLflow stores start from this worker's once-migrated schema
+    (tests/mlflow_template.py): the migrations cost seconds per fresh FLORA_HOME."""
+    from tests.mlflow_template import patched_mlflow_migrations
+
+    yield from patched_mlflow_migrations(tmp_path_factory.mktemp("mlflow_schema") / "mlflow.db")
+
+
 TINY_DURATIONS_S = (6.0, 14.0, 26.0)
 
 
