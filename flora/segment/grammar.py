@@ -9,8 +9,9 @@ Grammar (documented in ``docs/grammars.md``, section "Segmenter grammar")::
 
 Rules: ``0 <= u < v <= n_ticks``; ``l = 1`` only when ``u = 0`` and ``r = 1`` only when
 ``v = n_ticks`` (an action can only extend past an edge it touches); lines sorted by
-``(u, v, l, r)``, no duplicate lines. Leading/trailing whitespace of the whole text and of
-each line is ignored; nothing else is. An empty list is the literal ``none``.
+``(u, v)``, no two lines with the same ``(u, v)`` — whatever their flags: two such lines
+would stitch into two identical events. Leading/trailing whitespace of the whole text and
+of each line is ignored; nothing else is. An empty list is the literal ``none``.
 """
 
 from __future__ import annotations
@@ -33,17 +34,32 @@ REASONS = (
     "order",  # u >= v
     "bad_flag",  # flag not 0/1, or inconsistent with the tick it refers to
     "unsorted",  # lines not sorted by (u, v)
-    "duplicate",  # the same segment twice
+    "duplicate",  # two lines with the same (u, v), whatever their flags
 )
+
+
+def canonical_segments(segments: Sequence[LocalSegment]) -> list[LocalSegment]:
+    """The canonical form of one window's segments: sorted by ``(u, v)``, one segment per
+    ``(u, v)``.
+
+    Segments with the same ticks collapse to one whose flags are the OR of theirs (some
+    action on that span continues past the edge); the grammar has no way to say two
+    actions share a span, and two such lines would stitch into two identical events.
+    """
+    flags: dict[tuple[int, int], tuple[bool, bool]] = {}
+    for s in segments:
+        lf, rf = flags.get((s.u, s.v), (False, False))
+        flags[(s.u, s.v)] = (lf or bool(s.left_open), rf or bool(s.right_open))
+    return [LocalSegment(u, v, lf, rf) for (u, v), (lf, rf) in sorted(flags.items())]
 
 
 def render_segments(segments: Sequence[LocalSegment]) -> str:
     """Render one window's segments in the grammar — SFT targets.
 
-    Lines are sorted by ``(u, v, l, r)`` and exact duplicates collapse to one line, which
-    is the canonical form the parser accepts.
+    Renders :func:`canonical_segments` (sorted by ``(u, v)``, segments with the same ticks
+    collapsed, flags OR'd), the canonical form the parser accepts.
     """
-    segs = sorted(set(segments), key=lambda s: (s.u, s.v, s.left_open, s.right_open))
+    segs = canonical_segments(segments)
     if not segs:
         return NONE_TOKEN
     return "\n".join(f"{s.u} {s.v} {int(s.left_open)} {int(s.right_open)}" for s in segs)
@@ -102,8 +118,8 @@ def parse_segments(text: str, n_ticks: int) -> list[LocalSegment] | Rejection:
     if body == NONE_TOKEN:
         return []
     out: list[LocalSegment] = []
-    prev: tuple[int, int, int, int] | None = None
-    seen: set[tuple[int, int, int, int]] = set()
+    prev: tuple[int, int] | None = None
+    seen: dict[tuple[int, int], int] = {}  # (u, v) -> line number
     # A tick with more digits than n_ticks is out of range: say so without int(), which
     # refuses strings of more than 4,300 digits (and would be slow long before that).
     max_digits = len(str(n_ticks))
@@ -139,12 +155,17 @@ def parse_segments(text: str, n_ticks: int) -> list[LocalSegment] | Rejection:
             return _rej("bad_flag", f"line {lineno}: left flag set but u={u} != 0", text)
         if rf == 1 and v != n_ticks:
             return _rej("bad_flag", f"line {lineno}: right flag set but v={v} != {n_ticks}", text)
-        key = (u, v, lf, rf)
+        key = (u, v)
         if key in seen:
-            return _rej("duplicate", f"line {lineno}: segment {u} {v} {lf} {rf} repeated", text)
+            # Same ticks, whatever the flags: two identical events once stitched.
+            return _rej(
+                "duplicate",
+                f"line {lineno}: segment {u} {v} repeats the ticks of line {seen[key]}",
+                text,
+            )
         if prev is not None and key < prev:
             return _rej("unsorted", f"line {lineno}: {key} after {prev}", text)
-        seen.add(key)
+        seen[key] = lineno
         prev = key
         out.append(LocalSegment(u, v, bool(lf), bool(rf)))
     return out
@@ -164,8 +185,8 @@ def _candidates(p: str, lo: int, hi: int) -> list[tuple[int, int]]:
         return [(lo, hi)]
     if p == "0":
         return [(0, 0)] if lo <= 0 <= hi else []
-    if p[0] == "0":
-        return []
+    if p[0] == "0" or not (p.isascii() and p.isdigit()):
+        return []  # a leading zero, or not ASCII digits ('²', '٣' and '０' are isdigit())
     out = []
     for extra in range(len(str(hi)) - len(p) + 1):
         a, b = int(p + "0" * extra), int(p + "9" * extra)
@@ -178,7 +199,8 @@ def _candidates(p: str, lo: int, hi: int) -> list[tuple[int, int]]:
 class SegmentsGuide:
     """The segment grammar *exactly*, for decoding: whether a text can still be completed
     to an answer :func:`parse_segments` accepts in canonical form (``none`` or lines
-    ``u v l r``, one space, ``0 <= u < v <= n``, the flag rules, strictly increasing lines).
+    ``u v l r``, one space, ``0 <= u < v <= n``, the flag rules, lines strictly increasing
+    in ``(u, v)`` — so never two lines with the same ticks).
 
     Unlike :func:`segments_regex` it knows ``u < v`` and the line order, which no compact
     regex states; a logits mask built on it (:class:`flora.backends.guided.PrefixMask`)
@@ -205,8 +227,10 @@ class SegmentsGuide:
         return (u, v, lf, rf)
 
     def _done(self, body: str) -> tuple[int, int, int, int] | None | bool:
-        """The last line of complete lines ``body`` (all valid, increasing); ``False`` if
-        they are not; ``None`` for no lines."""
+        """The bound a next line must exceed after the complete lines ``body`` (all valid,
+        strictly increasing in ``(u, v)``): ``(u, v, 1, 1)`` of the last line, so that no
+        line with the same ticks follows whatever its flags; ``False`` if the lines are not
+        valid and increasing; ``None`` for no lines."""
         if body in self._lines:
             return self._lines[body]
         if len(self._lines) > _GUIDE_CACHE:  # a long-running server: bounded memory
@@ -219,7 +243,7 @@ class SegmentsGuide:
             if before is False or cur is None or (before is not None and cur <= before):
                 prev = False
             else:
-                prev = cur
+                prev = (cur[0], cur[1], 1, 1)  # flags are 0/1: the next (u, v) must be larger
         self._lines[body] = prev
         return prev
 
@@ -251,8 +275,8 @@ class SegmentsGuide:
         if not all(_INT.fullmatch(x) for x in fields[:-1]):
             return False
         p = fields[-1]
-        if p and not p.isdigit():
-            return False
+        if p and not (p.isascii() and p.isdigit()):
+            return False  # str.isdigit() alone admits '²', '٣', '０': int() fails or accepts them
         done = [int(x) for x in fields[:-1]]
         # Each finished field must be valid; the partial one must have a valid completion.
         for i, x in enumerate(done):

@@ -90,6 +90,31 @@ class SegmentedEvent:
     end_refined: bool = False
 
 
+class RepeatedEventError(FloraDataError):
+    """An episode's stitched events repeat an interval, which the ``events`` table forbids
+    (its suite would then fail on every later run, the part being already on disk).
+
+    Stitching and refinement collapse repeats, so this is a guard: :func:`segment_episode`
+    raises it before any row exists, and :func:`segment_dataset` records it as the
+    episode's failure (item ``episode``) and writes nothing for the episode.
+    """
+
+
+def check_unique_intervals(events: Sequence[SegmentedEvent], episode_id: str) -> None:
+    """Raise :class:`RepeatedEventError` if two events share ``(start_us, end_us)``."""
+    seen: dict[tuple[int, int], int] = {}
+    for i, e in enumerate(events):
+        key = (int(e.start_us), int(e.end_us))
+        if key in seen:
+            raise RepeatedEventError(
+                f"events {seen[key]} and {i} repeat the interval [{key[0]}, {key[1]}) µs; "
+                "nothing written for this episode",
+                episode=episode_id,
+                field="events",
+            )
+        seen[key] = i
+
+
 @dataclass
 class EpisodeSegmentation:
     """Everything ``segment_episode`` produced for one episode."""
@@ -296,7 +321,8 @@ def segment_episode(
     transport error, or a parse rejected ``max_attempts`` times) are recorded in
     ``failures``; the other windows are stitched. Raises FloraDataError only when the
     episode itself is unusable (e.g. non-positive duration, unusable state for the
-    kinematic baseline).
+    kinematic baseline) or — :class:`RepeatedEventError` — when its events would repeat
+    an interval (a guard: stitching collapses repeats), so no such rows are ever written.
     """
     T = int(episode.duration_us)
     if T <= 0:
@@ -350,6 +376,7 @@ def segment_episode(
         validate_events([Event(e.start_us, e.end_us) for e in events], T, where=episode.episode_id)
     except ContractError as e:  # would be a bug in stitching: never write such rows
         raise AssertionError(str(e)) from e
+    check_unique_intervals(events, episode.episode_id)
     if backend is None:
         model, version = kinematic.MODEL_NAME, kinematic.MODEL_VERSION
     else:
@@ -418,7 +445,8 @@ def segment_dataset(
     An episode already written (and without recorded failures) is skipped unless
     ``overwrite``; an episode with failed windows is written with the events of its
     good windows, its failures recorded, and retried by the next run. An episode that
-    cannot be read is recorded as failed and not written. The whole table is validated
+    cannot be read, or whose events would repeat an interval (:class:`RepeatedEventError`),
+    is recorded as failed and not written. The whole table is validated
     with the ``events`` suite before it is returned (TableValidationError otherwise).
     ``max_attempts`` and ``max_new_tokens`` bound each window's model calls (see
     :func:`segment_episode`).

@@ -10,6 +10,8 @@ Steps, exactly as the design fixes them:
    right-open and the later one's left-open, or their tIoU restricted to the two windows'
    shared span is >= 0.5. Linked segments are grouped (union–find; a group never holds two
    segments of the same window, which would be two distinct — e.g. bimanual — actions).
+   Links are applied in order of shared-span tIoU alone: flags admit a link, they do not
+   put it first (a flagged sliver of a neighbouring action must not outrank a good match).
 4. *Boundaries*: an event's start comes from the member whose core holds its start
    (``[core_start, core_end)``) and that is not left-open; ties go to the member farthest
    from its core's edges, then the earlier window. The end likewise (core holds an end on
@@ -17,7 +19,9 @@ Steps, exactly as the design fixes them:
    the boundary fall back to the outermost estimate. Boundaries are selected, never
    averaged.
 
-Events are returned sorted by ``(start, end)``; they may overlap (bimanual work).
+Events are returned sorted by ``(start, end)``; they may overlap (bimanual work). Events
+with the same ``(start, end)`` are one event (their windows joined): the ``events`` table
+holds no repeated interval.
 """
 
 from __future__ import annotations
@@ -100,7 +104,11 @@ def _window_order(windows: Sequence[Window], i: int) -> tuple[int, int]:
 def same_action(a: Projected, b: Projected, windows: Sequence[Window]) -> float | None:
     """Link score when ``a`` and ``b`` are the same action (DESIGN §3.7), else ``None``.
 
-    The score orders competing links: flag-linked pairs first, then by shared-span tIoU.
+    The score — the shared-span tIoU — orders competing links. Continuation flags (the
+    earlier segment right-open, the later left-open) admit a link whatever its tIoU but do
+    not rank it: a flagged link is not put before a better-overlapping one. Near a core edge
+    a small boundary error leaves a flagged sliver overlapping the *neighbouring* action;
+    linked first, it would fuse the wrong pair (a 0.2 s event) and block the right merge.
     """
     if a.window == b.window:
         return None
@@ -111,9 +119,7 @@ def same_action(a: Projected, b: Projected, windows: Sequence[Window]) -> float 
     )
     t = _shared_tiou(a, b, windows[a.window], windows[b.window])
     flagged = early.right_open and late.left_open
-    if flagged:
-        return 1.0 + t
-    if t >= MERGE_TIOU:
+    if flagged or t >= MERGE_TIOU:
         return t
     return None
 
@@ -195,8 +201,36 @@ def stitch_detailed(
             s, e, s_from, e_from = outer_s, outer_e, None, None
         wins = tuple(sorted({m.window for m in mem}))
         events.append(StitchedEvent(s, e, wins, s_from, e_from))
+    return _collapse_repeats(events)
+
+
+def _first(values: Sequence[int | None]) -> int | None:
+    return next((v for v in values if v is not None), None)
+
+
+def _collapse_repeats(events: list[StitchedEvent]) -> list[StitchedEvent]:
+    """Sort by ``(start, end)`` and make events with the same interval one event.
+
+    Two groups can end on the same interval (segments of one window differing only in
+    flags, or boundaries selected alike); as rows they would repeat an interval, which
+    the ``events`` table forbids. The windows are joined; a boundary source is the first
+    one recorded in ``(start, end, windows)`` order.
+    """
     events.sort(key=lambda ev: (ev.start_us, ev.end_us, ev.windows))
-    return events
+    out: list[StitchedEvent] = []
+    for ev in events:
+        if out and (out[-1].start_us, out[-1].end_us) == (ev.start_us, ev.end_us):
+            prev = out[-1]
+            out[-1] = StitchedEvent(
+                ev.start_us,
+                ev.end_us,
+                tuple(sorted(set(prev.windows) | set(ev.windows))),
+                _first([prev.start_from, ev.start_from]),
+                _first([prev.end_from, ev.end_from]),
+            )
+        else:
+            out.append(ev)
+    return out
 
 
 def stitch(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flora.contract import TICK_US
+from flora.segment.grammar import canonical_segments
 from flora.segment.plan import LocalSegment, Window
 
 
@@ -20,9 +21,11 @@ def window_targets(events: Sequence, window: Window) -> list[LocalSegment]:
     ``events`` are anything with ``start_us``/``end_us``. A clipped start is floored and a
     clipped end is ceiled to the tick grid (exact for tick-aligned events; an end at a
     non-aligned episode end maps to the last partial tick, which projects back to ``T``).
-    Sorted by ``(u, v, l, r)``, exact duplicates removed.
+    In canonical form (:func:`~flora.segment.grammar.canonical_segments`): sorted by
+    ``(u, v)``, one segment per ``(u, v)`` — overlapping events that clip to the same ticks
+    give one segment, its flags OR'd — so the rendered target parses back to this list.
     """
-    out: set[LocalSegment] = set()
+    out: list[LocalSegment] = []
     for ev in events:
         s = max(int(ev.start_us), window.start_us)
         e = min(int(ev.end_us), window.end_us)
@@ -30,12 +33,12 @@ def window_targets(events: Sequence, window: Window) -> list[LocalSegment]:
             continue
         u = (s - window.start_us) // TICK_US
         v = -(-(e - window.start_us) // TICK_US)
-        out.add(
+        out.append(
             LocalSegment(
                 u, v, left_open=ev.start_us < window.start_us, right_open=ev.end_us > window.end_us
             )
         )
-    return sorted(out, key=lambda x: (x.u, x.v, x.left_open, x.right_open))
+    return canonical_segments(out)
 
 
 def pass_targets(events: Sequence, windows: Sequence[Window]) -> list[list[LocalSegment]]:

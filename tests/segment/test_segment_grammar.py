@@ -92,7 +92,12 @@ def test_render_parse_round_trip(case: tuple[list[LocalSegment], int]) -> None:
     text = render_segments(segs)
     parsed = parse_segments(text, n)
     assert not isinstance(parsed, Rejection), parsed
-    assert parsed == sorted(set(segs), key=lambda s: (s.u, s.v, s.left_open, s.right_open))
+    # Canonical: sorted by (u, v), one line per (u, v), flags OR'd over the repeats.
+    flags: dict[tuple[int, int], tuple[bool, bool]] = {}
+    for x in segs:
+        lf, rf = flags.get((x.u, x.v), (False, False))
+        flags[(x.u, x.v)] = (lf or x.left_open, rf or x.right_open)
+    assert parsed == [LocalSegment(u, v, lf, rf) for (u, v), (lf, rf) in sorted(flags.items())]
     assert render_segments(parsed) == text  # canonical form is a fixed point
 
 
@@ -227,3 +232,68 @@ def test_exact_guide_is_chosen_only_for_the_segment_regex_itself() -> None:
     assert g.extendable("40 4")  # 4x or 4xx can still end above 40
     assert g.extendable("40 3") and not g.extendable("40 33")  # 3 and 30x fit, 33x does not
     assert not g.extendable("40 39 ")  # 39 < 40 is finished: no way on
+
+
+# --------------------------------------------------------------------------- regressions
+
+
+@pytest.mark.parametrize(
+    ("text", "n"),
+    [
+        ("0 20 0 0\n0 20 1 0", 120),  # the review's answer: flags differ, ticks repeat
+        ("0 10 0 0\n0 10 0 1", 10),
+        ("0 10 1 1\n0 10 0 0", 10),  # also when the flags come down
+        ("2 5 0 0\n3 4 0 0\n3 4 0 0", 10),
+    ],
+)
+def test_same_ticks_twice_is_a_duplicate_whatever_the_flags(text: str, n: int) -> None:
+    """Two lines with one ``(u, v)`` would stitch into two identical events, which the
+    events table refuses after the part is committed: the parser rejects them."""
+    res = parse_segments(text, n)
+    assert isinstance(res, Rejection), res
+    assert res.reason.split(":")[0] == "duplicate", res.reason
+    assert "repeats the ticks of line" in res.reason
+
+
+def test_render_collapses_same_ticks_so_the_target_parses_back() -> None:
+    segs = [LocalSegment(0, 10, False, False), LocalSegment(0, 10, True, False)]
+    segs += [LocalSegment(3, 10, False, True), LocalSegment(3, 10, False, False)]
+    text = render_segments(segs)
+    assert text == "0 10 1 0\n3 10 0 1"  # one line per (u, v), flags OR'd
+    canonical = [LocalSegment(0, 10, True), LocalSegment(3, 10, False, True)]
+    assert parse_segments(text, 10) == canonical
+
+    from flora.segment.grammar import canonical_segments
+
+    assert canonical_segments(segs) == canonical
+
+
+def test_exact_guide_refuses_a_second_line_with_the_same_ticks() -> None:
+    g = SegmentsGuide(10)
+    assert g.complete("0 5 0 0") and g.complete("0 5 0 0\n0 6 0 0")
+    assert not g.complete("0 5 0 0\n0 5 1 0")  # the parser says duplicate
+    assert not g.extendable("0 5 0 0\n0 5 ")  # no flags make 0 5 a new line
+    assert not g.extendable("0 10 0 0\n0 10 1")
+    assert not g.complete("0 10 0 0\n0 10 1 1")
+    assert not g.extendable("0 5 0 0\n0 5")  # n = 10: "0 5" can only be 5 again
+    assert g.extendable("0 5 1 0\n0 6 ")
+    assert SegmentsGuide(100).extendable("0 5 0 0\n0 5")  # 0 50..59 are above 0 5
+    assert not SegmentsGuide(100).extendable("0 5 0 0\n0 5 0")
+
+
+@pytest.mark.parametrize("text", ["²", "1 ²", "¹", "٣", "1 ٣", "0 ٣", "0 5 0 0\n٣", "０", "1 ５"])
+def test_exact_guide_takes_only_ascii_digits(text: str) -> None:
+    """``str.isdigit`` admits superscripts, Arabic-Indic and full-width digits: ``int('²')``
+    raised inside the mask and ``'٣'`` was admitted only to dead-end at the next space."""
+    assert SegmentsGuide(100).extendable(text) is False
+    assert SegmentsGuide(100).complete(text) is False
+
+
+def test_guide_mask_with_non_ascii_digit_tokens_never_raises_or_admits_them() -> None:
+    from flora.backends.guided import make_mask
+
+    toks = ["0", "1", "2", "5", " ", "\n", "none", "²", "٣", "０"]
+    mask = make_mask(segments_regex(300), toks, eos_ids=[len(toks)])
+    allowed = [toks[i] for i in mask.allowed("") if i < len(toks)]
+    assert sorted(allowed) == sorted(["0", "1", "2", "5", "none"])
+    assert [toks[i] for i in mask.allowed("1 2") if i < len(toks)] == ["0", "1", "2", "5", " "]

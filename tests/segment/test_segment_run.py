@@ -236,3 +236,63 @@ def test_unreadable_episode_recorded(tiny_dataset, tmp_path, ds) -> None:
     assert f.episode_id == f"{ds.name}/000007" and f.item == "episode"
     assert "out of range" in f.reason
     assert set(res.events["episode_id"]) == {f"{ds.name}/000000"}
+
+
+class FixedBackend:
+    """Answers every window with the same text."""
+
+    name = "fixed"
+    model_version = "1"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def generate(self, requests: Sequence[VLMRequest]) -> list[VLMResponse]:
+        return [VLMResponse(self.text, model=self.name) for _ in requests]
+
+
+def test_same_ticks_with_other_flags_never_reach_the_table(tiny_dataset, tmp_path, ds) -> None:
+    """The review's answer ``0 20 0 0 / 0 20 1 0`` used to parse, stitch to two identical
+    events, be committed, and fail the events suite on this and every later run. Now each
+    window is a recorded ``duplicate`` failure, and reruns keep working."""
+    backend = FixedBackend("0 20 0 0\n0 20 1 0")
+    seg = segment_episode(ds.episode(0), backend, max_attempts=2)
+    assert seg.events == [] and len(seg.failures) == 1
+    assert seg.failures[0].reason.startswith("parse: duplicate"), seg.failures[0].reason
+    out = tmp_path / "tables"
+    for run in ("r1", "r2"):
+        res = segment_dataset(tiny_dataset, out, backend, run, episodes=[0], progress=False)
+        assert res.report is not None and res.report.success
+        assert [f.reason.split(":")[1].strip() for f in res.failures] == ["duplicate"]
+
+
+def test_repeated_interval_is_a_recorded_failure_not_a_committed_part(
+    tiny_dataset, tmp_path, ds, monkeypatch
+) -> None:
+    """Should stitching or refinement ever emit one interval twice, the episode becomes a
+    failure naming it and nothing is written — not a part that fails the events suite on
+    every later run (the episode counting as done)."""
+    import flora.segment.run as run_mod
+    from flora.data.episode import FloraDataError
+
+    real = run_mod.refine_detailed
+
+    def repeating(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return out + out[:1]
+
+    monkeypatch.setattr(run_mod, "refine_detailed", repeating)
+    eid = f"{ds.name}/000000"
+    out = tmp_path / "tables"
+    res = segment_dataset(tiny_dataset, out, episodes=[0], progress=False)
+    (f,) = res.failures
+    assert (f.episode_id, f.item) == (eid, "episode") and "repeat the interval" in f.reason
+    assert len(res.events) == 0 and TableStore(out).read_part("events", eid) is None
+    with pytest.raises(FloraDataError, match="repeat the interval") as ei:
+        segment_episode(ds.episode(0))
+    assert type(ei.value).__name__ == "RepeatedEventError" and ei.value.episode == eid
+    # The next run (stitching sound again) retries the episode and the table validates.
+    monkeypatch.setattr(run_mod, "refine_detailed", real)
+    res2 = segment_dataset(tiny_dataset, out, episodes=[0], progress=False)
+    assert res2.processed == [eid] and res2.failures == [] and res2.report.success
+    assert len(res2.events) > 0

@@ -154,6 +154,58 @@ def test_invalid_inputs_are_errors() -> None:
         stitch(ws, [[LocalSegment(5, 5)], [], [], []], T40)
 
 
+def test_links_are_ordered_by_tiou_not_by_flags() -> None:
+    """Two touching actions at 12.05 s, next to the w0/w1 core edge (12 s); each window is
+    off by 0.1 s there. w0's flagged second segment overlaps w1's flagged first one by a
+    0.2 s sliver; ordered first, that link made a [11.95, 12.15) event and kept both
+    good pairs (tIoU ~0.9) apart. Flags admit a link; the tIoU orders it."""
+    ws = plan_windows(T40)  # w0 [0,14) core [0,12); w1 [10,26) core [12,24)
+    outs = [
+        [_seg(0, 8.0, 11.95), _seg(0, 11.95, 14.0, rf=True)],
+        [_seg(10, 10.0, 12.15, lf=True), _seg(10, 12.2, 20.0)],
+        [],
+        [],
+    ]
+    ev = stitch_detailed(ws, outs, T40)
+    assert [(e.start_us, e.end_us, e.windows) for e in ev] == [
+        (8 * S, 12_150_000, (0, 1)),
+        (12_200_000, 20 * S, (0, 1)),
+    ]
+    assert all(e.end_us - e.start_us >= 4 * S for e in ev)  # no 0.2 s sliver
+
+
+def test_events_with_the_same_interval_are_one_event() -> None:
+    """Segments of one window that differ only in flags are never linked (one window's
+    two segments are two actions) and stitch to the same interval: one event, not two
+    rows the events table refuses."""
+    ws = plan_windows(T40)
+    outs = [[_seg(0, 0.0, 5.0), _seg(0, 0.0, 5.0, lf=True)], [], [], []]
+    (ev,) = stitch_detailed(ws, outs, T40)
+    assert (ev.start_us, ev.end_us, ev.windows) == (0, 5 * S, (0,))
+    assert (ev.start_from, ev.end_from) == (0, 0)
+    # Two groups, {w0 [9, 13), w1 [10, 13)} and {w0 [9, 13) left-open} (w1's segment is
+    # taken; its boundaries are fallbacks), select the same interval: one event, windows
+    # joined, the boundary sources that are known.
+    outs = [[_seg(0, 9.0, 13.0), _seg(0, 9.0, 13.0, lf=True)], [_seg(10, 10.0, 13.0)], [], []]
+    (ev,) = stitch_detailed(ws, outs, T40)
+    assert (ev.start_us, ev.end_us, ev.windows) == (9 * S, 13 * S, (0, 1))
+    assert (ev.start_from, ev.end_from) == (0, 1)
+    assert stitch(ws, outs, T40) == [Event(9 * S, 13 * S)]
+
+
+def test_window_targets_give_one_segment_per_ticks() -> None:
+    """Overlapping (bimanual) events that clip to the same ticks give one target segment,
+    its flags OR'd, so the rendered SFT target parses back to the reference list."""
+    from flora.segment import Window
+    from flora.segment.targets import window_targets
+
+    w = Window(0, 16 * S, 0, 12 * S)
+    gt = [Event(2 * S, 16 * S), Event(2 * S, 20 * S), Event(3 * S, 4 * S)]
+    segs = window_targets(gt, w)
+    assert segs == [LocalSegment(40, 320, False, True), LocalSegment(60, 80)]
+    assert parse_segments(render_segments(segs), w.n_ticks) == segs
+
+
 # --------------------------------------------------------------------- property (acceptance)
 
 
