@@ -389,7 +389,7 @@ async def read_body(request: Request, limit: int) -> bytearray:
     """
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise ValueError(f"invalid Content-Length {declared[:32]!r}")
         if int(declared) > limit:
             raise _BodyTooLarge(f"declared body of {int(declared)} bytes")

@@ -401,6 +401,8 @@ def test_retry_after_header_values():
     assert retry_after_s("3") == 3.0
     assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
     assert retry_after_s("soon") is None and retry_after_s(None) is None
+    # Non-ASCII digits ("²" is isdigit() and arrives as latin-1 in a header) are not seconds.
+    assert retry_after_s("²") is None and retry_after_s("٣") is None
 
 
 class _Throttling:
