@@ -389,6 +389,9 @@ class EncodedGroup:
     # (G,) True for completions sampled without the guide in a guided group (a mixed group,
     # grpo.guided_share < 1): they are scored under the unmasked policy they came from.
     free_rows: torch.Tensor | None = None
+    # The temperature the completions were sampled at: the policy being scored (and
+    # updated) is softmax(logits / temperature), the distribution the rollouts came from.
+    temperature: float = 1.0
 
 
 def encode_group(
@@ -451,11 +454,11 @@ def encode_group(
 def completion_logprobs(model: torch.nn.Module, group: EncodedGroup) -> torch.Tensor:
     """``(G, Tc)`` log-probabilities of each completion token under ``model`` (0 on padding).
 
-    Without ``group.allowed``: the raw distribution (log-softmax of the logits, temperature
-    1), the quantity the backends report. With it (guided rollouts): the distribution the
-    rollouts were sampled from — the log-softmax over the tokens the guide allowed at that
-    position — so a forced token has log-probability 0 and no gradient, and an update
-    moves probability only among allowed tokens (docs/training.md, guided rollouts).
+    Without ``group.allowed``: the distribution the rollouts were sampled from, the
+    log-softmax of ``logits / group.temperature``. With it (guided rollouts): that
+    distribution renormalised over the tokens the guide allowed at each position — so a
+    forced token has log-probability 0 and no gradient, and an update moves probability
+    only among allowed tokens (docs/training.md, guided rollouts).
     """
     return completion_logprobs_pair(model, group)[0]
 
@@ -475,7 +478,7 @@ def completion_logprobs_pair(
     out = model(**inputs, use_cache=False)
     p = group.prompt_len
     # Logits at position t predict token t+1: the completion starts at index p.
-    logits = out.logits[:, p - 1 : -1, :].float()
+    logits = out.logits[:, p - 1 : -1, :].float() / float(group.temperature)
     ids = group.completion_ids.to(dev)
     keep = group.completion_mask.to(dev).to(logits.dtype)
     tok_logit = logits.gather(-1, ids[..., None]).squeeze(-1)
@@ -728,6 +731,9 @@ def grpo_step(
         encode_group(processor, r, tx, fr) if bool(valid[i]) else None
         for i, (r, tx, fr) in enumerate(zip(requests, texts, finishes, strict=True))
     ]
+    for e in encoded:
+        if e is not None:
+            e.temperature = cfg.temperature
     if masks is not None:  # guided rollouts: score the masked policy they came from
         for r, e in zip(requests, encoded, strict=True):
             mask = masks(r) if e is not None else None

@@ -184,6 +184,12 @@ def test_logprobs_match_the_full_forward_and_the_live_backend_samples(tiny_vlm_d
         n = int(one.completion_mask.sum())
         assert torch.allclose(lp[1, :n], want[:n], atol=1e-4)
         assert torch.equal(lp[1, n:], torch.zeros_like(lp[1, n:]))
+        # Rollouts sampled at temperature 0.5 are scored under softmax(logits / 0.5).
+        group.temperature = 0.5
+        hot = torch.log_softmax(logits[start - 1 : start - 1 + len(ids)] / 0.5, -1)
+        hot = hot.gather(-1, ids[:, None]).squeeze(-1)
+        assert torch.allclose(completion_logprobs(model, group)[1, :n], hot[:n], atol=1e-4)
+        assert not torch.allclose(hot[:n], want[:n], atol=1e-2)
         live = LivePolicyBackend(model, processor, seed=0)
         reqs = [p.request] * 4
         for r in reqs:
@@ -245,7 +251,7 @@ def test_a_mixed_guided_group_sends_half_free_and_scores_them_unmasked(
     from training.grpo import guide_masks
 
     engine, processor, cfg, reference = engine_and_model
-    cfg = replace(cfg, guided=True, guided_share=0.5)
+    cfg = replace(cfg, guided=True, guided_share=0.5, temperature=0.7)
     backend = Scripted(["0 40 1 1", "0 20 1 0", "garbage!", "0 40 1 1"])
     prompts = [_prompt(6)]
     prompts[0].request.guided_regex = segments_regex(prompts[0].n_ticks)
@@ -262,7 +268,7 @@ def test_a_mixed_guided_group_sends_half_free_and_scores_them_unmasked(
     pair = grpo_mod.completion_logprobs_pair
 
     def record(model, group):
-        scored.append((group.free_rows.tolist(), group.allowed is not None))
+        scored.append((group.free_rows.tolist(), group.allowed is not None, group.temperature))
         return pair(model, group)
 
     monkeypatch.setattr(grpo_mod, "completion_logprobs_pair", record)
@@ -271,8 +277,10 @@ def test_a_mixed_guided_group_sends_half_free_and_scores_them_unmasked(
                           reference=reference, backward=engine.backward, update=engine.step,
                           forward=engine, masks=spy)  # fmt: skip
     assert [r.guided_regex is not None for r in backend.requests] == [True, True, False, False]
-    # reference and policy both scored the group with its free rows marked
-    assert scored and all(s == ([False, False, True, True], True) for s in scored)
+    # reference and policy both scored the group with its free rows marked, at the
+    # temperature the rollouts were sampled at
+    assert scored and all(s == ([False, False, True, True], True, 0.7) for s in scored)
+    assert all(r.temperature == 0.7 for r in backend.requests)
     assert stats.valid_groups == 1 and stats.parse_rate == pytest.approx(3 / 4)
     assert np.isfinite(stats.loss) and np.isfinite(stats.kl) and stats.kl >= 0
     assert len(seen) == 1 and seen[0].guided_regex is not None  # the prompt's own mask
