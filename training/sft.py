@@ -585,8 +585,10 @@ def _git_commit() -> str:
 
 
 def _rng_state() -> dict[str, Any]:
+    """This rank's generators; on a GPU its device's too (dropout there draws from it)."""
     return {
         "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         "numpy": np.random.get_state(),
         "python": random.getstate(),
     }
@@ -594,6 +596,9 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(s: dict[str, Any]) -> None:
     torch.set_rng_state(s["torch"])
+    # Absent from checkpoints written before it was saved, None from a CPU run.
+    if s.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(s["cuda"])
     np.random.set_state(s["numpy"])
     random.setstate(s["python"])
 

@@ -316,3 +316,26 @@ def test_sft_eval_pool_leaves_the_first_held_out_episode_to_evaluation():
     assert [e.k for e in sft_eval_pool(held, SimpleNamespace(eval_examples=3))] == [11, 12, 13]
     one = held[:7]  # one held-out episode: nothing can be kept apart
     assert sft_eval_pool(one, SimpleNamespace(eval_examples=None)) == one
+
+
+def test_rng_state_carries_the_gpu_generator_and_reads_older_checkpoints(monkeypatch) -> None:
+    """A checkpoint holds the device generator where there is one (dropout on a GPU draws
+    from it, so a resume without it takes other masks); checkpoints written on CPU or before
+    it was saved carry none and still restore."""
+    import torch
+
+    from training import sft
+
+    device_state = {"state": torch.tensor([1, 2, 3], dtype=torch.uint8)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: device_state["state"].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s: device_state.update(state=s))
+    saved = sft._rng_state()
+    assert torch.equal(saved["cuda"], torch.tensor([1, 2, 3], dtype=torch.uint8))
+    device_state["state"] = torch.tensor([9], dtype=torch.uint8)
+    sft._set_rng_state(saved)
+    assert torch.equal(device_state["state"], torch.tensor([1, 2, 3], dtype=torch.uint8))
+    older = {k: v for k, v in saved.items() if k != "cuda"}
+    device_state["state"] = torch.tensor([9], dtype=torch.uint8)
+    sft._set_rng_state(older)  # nothing to restore on the device: left as it is
+    assert torch.equal(device_state["state"], torch.tensor([9], dtype=torch.uint8))
