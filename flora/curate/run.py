@@ -33,7 +33,7 @@ from flora.curate.filter import DECISION_DTYPES, decide, summarize
 from flora.curate.rebalance import build_mixture
 from flora.curate.rules import CurationRules, load_rules
 from flora.curate.sources import Annotations, TableSource, episode_meta, load_annotations
-from flora.data.dataset import local_dataset_name
+from flora.data.dataset import dataset_name
 from flora.tables import TableStore
 
 DECISIONS = "curation"
@@ -149,7 +149,7 @@ def curate_dataset(
         meta = episode_meta(dataset, list(episodes) if episodes is not None else None)
     elif episodes is not None:
         meta = meta[meta.episode_index.isin([int(i) for i in episodes])]
-    name = local_dataset_name(dataset)  # `.` names the current folder, as the readers do
+    name = dataset_name(dataset)  # as the readers name it: `.` the folder, `org/x@rev` x
     if len(meta) == 0:
         from flora.curate.rebalance import EmptyMixtureError
 

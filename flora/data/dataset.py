@@ -889,6 +889,14 @@ def local_dataset_name(path: str | Path) -> str:
     return Path(os.path.abspath(path)).name
 
 
+def dataset_name(path: str | Path) -> str:
+    """The name :func:`open_dataset` gives ``path``, without opening or downloading it: a
+    local folder's :func:`local_dataset_name`, a Hub ``org/name[@revision]``'s ``name``."""
+    if not Path(path).exists() and (m := HUB_DATASET.match(str(path))):
+        return m.group("repo").split("/", 1)[1]
+    return local_dataset_name(path)
+
+
 def resolve_dataset(path: str | Path, revision: str | None = None) -> DatasetSource:
     """A local dataset folder, or a Hugging Face Hub dataset resolved into the local cache.
 

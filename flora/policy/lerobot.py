@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from flora.data.dataset import local_dataset_name
+from flora.data.dataset import dataset_name
 from flora.data.episode import Episode, FloraDataError, make_episode_id
 from flora.policy import rtc
 from flora.policy.configuration_dit import DiTConfig
@@ -295,7 +295,7 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
     if not per_ep:
         reasons = "; ".join(f"{f.episode}: {f.reason}" for f in failures[:3])
         raise FloraDataError(f"no usable episode ({reasons})",
-                             dataset=local_dataset_name(cfg.dataset))  # fmt: skip
+                             dataset=dataset_name(cfg.dataset))  # fmt: skip
     dims = {(e["state"].shape[1], e["action"].shape[1]) for e in per_ep}
     if len(dims) != 1:
         raise FloraDataError(

@@ -162,7 +162,7 @@ def register_step(
         "flora.pipeline_run_id": pipeline_run_id,
     }
     if report.get("episodes") is not None:
-        from flora.data.dataset import local_dataset_name
+        from flora.data.dataset import dataset_name
         from model_registry.promotion import eval_set_tags
 
         lineage["flora.eval_episodes"] = str(len(report["episodes"]))
@@ -170,7 +170,7 @@ def register_step(
         lineage["flora.eval_episode_source"] = str(report.get("episode_source", "unknown"))
         # The promotion gate compares postfix_mse only between versions scored on the same
         # episodes and chunks (the same dataset, episodes, seed and chunk count).
-        name = local_dataset_name(str(report.get("dataset", dataset)))
+        name = dataset_name(str(report.get("dataset", dataset)))
         lineage |= eval_set_tags(
             [f"{name}/{int(i):06d}" for i in report["episodes"]],
             [f"chunks={report.get('chunks')}", f"seed={report.get('seed')}"],

@@ -201,3 +201,21 @@ def test_per_table_artifact_roots_and_episodes_without_any_annotation(tmp_path):
     assert d[d.episode_id == eid(0)].pretrain.all()
     (lost,) = d[d.episode_id == eid(5)].itertuples()  # nothing was written for episode 5
     assert not lost.policy and not lost.failures and "lineage" in lost.drop_reason
+
+
+def test_a_hub_dataset_with_a_revision_is_curated_under_its_name(tmp_path):
+    """`flora curate org/toy@v1` keys the curation by `toy`, the name the readers give the
+    dataset's episodes (it was `toy@v1`: a mixture no step found)."""
+    from flora.curate.run import mixture_path
+    from flora.data.dataset import dataset_name
+
+    t = Tables(tmp_path / "t")
+    t.full(0, SPANS, reward=0.9)
+    from flora.curate.rules import load_rules
+    from flora.curate.run import curate_dataset
+
+    res = curate_dataset("org/toy@v1", tmp_path / "t", tmp_path / "out", "cur-run",
+                         meta=meta({0: "a"}), rules=load_rules())  # fmt: skip
+    assert res.dataset == "toy" == dataset_name("org/toy") == dataset_name("org/toy@main")
+    assert res.mixture_path == mixture_path(tmp_path / "out", "toy")
+    assert dataset_name(tmp_path / "t") == "t"  # a local folder, even one named org/x
