@@ -5,8 +5,9 @@ Layout under ``root/<table>/``:
 - ``<part_key>.parquet`` per finished episode, ``part_key = <slug>~<hash>`` (readable slug
   of the episode id plus 16 hex digits of its SHA-256, so two ids never share a part);
 - ``_failures/<part_key>.json`` per episode with failed items;
-- ``_pending/<part_key>`` while an episode's part is written but its failures are not yet
-  recorded (a crash in between leaves it, and the next run redoes the episode);
+- ``_pending/<part_key>`` while an episode's part is written (or removed, by a redo that
+  produced no rows) but its failures are not yet recorded (a crash in between leaves it,
+  and the next run redoes the episode);
 - ``_quarantine/`` for records that could not be read (moved aside, never deleted);
 - ``_layout.json`` once the table uses these part names (older tables are migrated).
 
@@ -199,6 +200,27 @@ class TableStore:
         else:
             path.unlink(missing_ok=True)
         self._pending(table, episode_id).unlink(missing_ok=True)
+
+    def drop(self, table: str, episode_id: str) -> bool:
+        """Remove one episode's part of ``table`` (a redo that produced no rows).
+
+        Only ``<table>/<part_key(episode_id)>.parquet`` is touched: never another episode's
+        part, another table, a failure record or anything outside the store. Same
+        discipline as :meth:`write`: the episode is marked pending first and stays pending
+        (redone by the next run) until :meth:`record_failures` records why it has no rows,
+        so a crash in between never leaves it looking done. Returns whether a part was
+        removed (``False``, and nothing marked, when it had none).
+        """
+        if not table or table in (".", "..") or "/" in table or os.sep in table:
+            raise ValueError(f"table {table!r}: not a table name")
+        path = self._part(table, episode_id)
+        if not path.exists():
+            return False
+        pending = self._pending(table, episode_id)
+        _atomic_write(pending, lambda f: f.write(episode_id.encode("utf-8", "surrogatepass")))
+        path.unlink(missing_ok=True)
+        _fsync_dir(path.parent)
+        return True
 
     def commit(
         self,

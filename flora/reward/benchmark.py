@@ -4,8 +4,11 @@ Toy world (a dataset with ``ground_truth/``): the three steps run on the dataset
 tables are scored against ``flora.data.ground_truth``: outcome MAE on the 1–5 scale (E[s]
 and argmax), dense per-group accuracy and failure recall over the 0.5 s group starts,
 rubric L1 per episode (Σ_j |ŷ_j − y_j|) and total error. Every metric comes with its
-coverage (items that produced a validated row / items in the ground truth): failed items
-are recorded and reported, never scored as if they had an answer.
+coverage (items that produced a validated row / items the run was asked to do): failed
+items are recorded and reported, never scored as if they had an answer. Only the rows this
+run's steps wrote (or, with ``resume=True``, kept because the same model and model_version
+wrote them) for the requested episodes are scored: rows an earlier run with another model
+left in the output folder never count as this model's answers.
 
 RoboRewardBench layout (accepted here; the public split is 2,831 videos with human scores):
 
@@ -23,7 +26,7 @@ import csv
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +39,15 @@ from flora.data.dataset import local_dataset_name
 from flora.data.episode import Episode, FloraDataError
 from flora.metrics.reward import dense_group_accuracy, failure_recall, outcome_mae, rubric_l1
 from flora.reward.rubric import Rubric
-from flora.reward.run import dense_dataset, outcome_dataset, rubric_dataset
-from flora.tables import TableStore
+from flora.reward.run import (
+    TABLES,
+    StepResult,
+    dense_dataset,
+    outcome_dataset,
+    rubric_dataset,
+    stored_identity,
+)
+from flora.tables import COMMON_COLUMNS, TableStore
 
 MODES = ("outcome", "dense", "rubric")
 
@@ -45,28 +55,49 @@ MODES = ("outcome", "dense", "rubric")
 # --------------------------------------------------------------------------- toy world
 
 
-def score_tables(dataset_root: str | Path, store: TableStore | str | Path) -> dict[str, float]:
-    """Score the rewarder tables in ``store`` against the dataset's ground truth."""
+def score_tables(
+    dataset_root: str | Path,
+    store: TableStore | str | Path,
+    *,
+    episodes: Iterable[int] | None = None,
+    rows: Mapping[str, pd.DataFrame] | None = None,
+) -> dict[str, float]:
+    """Score the rewarder tables in ``store`` against the dataset's ground truth.
+
+    ``episodes``: the episode indices a run was asked to do (default: every episode with
+    ground truth); only their rows are scored and every coverage is over them.
+    ``rows``: per table (``outcome``, ``dense_labels``, ``rubric``) the rows to score
+    instead of the whole table in ``store`` — the harness passes the rows its own run
+    wrote, so that rows left by earlier runs are never scored as its answers.
+    """
     from flora.data.ground_truth import load_ground_truth
 
     root = Path(dataset_root)
     st = store if isinstance(store, TableStore) else TableStore(store)
     gt = load_ground_truth(root)
     name = local_dataset_name(root)  # "." names the folder, as the readers do
-    eps = gt.episode_indices()
+    known = gt.episode_indices()
+    eps = known if episodes is None else list(dict.fromkeys(int(i) for i in episodes))
+    wanted = {f"{name}/{i:06d}" for i in eps}
+    with_gt = [i for i in eps if i in set(known)]
+
+    def table(t: str) -> pd.DataFrame:
+        df = st.read(t) if rows is None or t not in rows else rows[t]
+        if not len(df):
+            return df
+        return df[(df["dataset"] == name) & df["episode_id"].astype(str).isin(wanted)]
+
     m: dict[str, float] = {}
 
-    oc = st.read("outcome")
-    oc = oc[oc["dataset"] == name] if len(oc) else oc
+    oc = table("outcome")
     if len(oc):
         ref = [gt.outcome(_index(e)) for e in oc["episode_id"]]
         m["outcome.mae"] = outcome_mae(oc["expected_score"].astype(float), ref)
         m["outcome.mae_argmax"] = outcome_mae(oc["argmax_score"].astype(float), ref)
     m["outcome.coverage"] = len(oc) / len(eps) if eps else math.nan
 
-    de = st.read("dense_labels")
-    de = de[de["dataset"] == name] if len(de) else de
-    ref_rows = [(f"{name}/{i:06d}", t, lab) for i in eps for t, lab, _ in gt.dense(i)]
+    de = table("dense_labels")
+    ref_rows = [(f"{name}/{i:06d}", t, lab) for i in with_gt for t, lab, _ in gt.dense(i)]
     ref_df = pd.DataFrame(ref_rows, columns=["episode_id", "t_us", "ref"])
     if len(de):
         j = de.merge(ref_df, on=["episode_id", "t_us"], how="inner")
@@ -79,8 +110,7 @@ def score_tables(dataset_root: str | Path, store: TableStore | str | Path) -> di
     else:
         m["dense.coverage"] = 0.0
 
-    rb = st.read("rubric")
-    rb = rb[rb["dataset"] == name] if len(rb) else rb
+    rb = table("rubric")
     if len(rb):
         l1, tot = [], []
         for row in rb.itertuples(index=False):
@@ -96,6 +126,18 @@ def score_tables(dataset_root: str | Path, store: TableStore | str | Path) -> di
 
 def _index(episode_id: str) -> int:
     return int(str(episode_id).rsplit("/", 1)[1])
+
+
+def run_rows(store: TableStore, res: StepResult, backend: VLMBackend) -> pd.DataFrame:
+    """The rows behind one step run: the parts of the episodes it wrote or (resume) kept,
+    and of those only rows answered by ``backend``'s model and model_version."""
+    ids = list(dict.fromkeys([*res.written, *res.skipped]))
+    parts = [p for p in (store.read_part(res.table, e) for e in ids) if p is not None and len(p)]
+    if not parts:
+        return pd.DataFrame(columns=list(COMMON_COLUMNS))
+    df = pd.concat(parts, ignore_index=True)
+    model, version = stored_identity(backend)
+    return df[(df["model"].astype(str) == model) & (df["model_version"].astype(str) == version)]
 
 
 def gt_rubric_for(dataset_root: str | Path):
@@ -138,7 +180,13 @@ def run_toy_benchmark(
     resume: bool = False,
     progress: bool = True,
 ) -> BenchmarkResult:
-    """Run the chosen rewarder steps on a toy-world dataset and score them."""
+    """Run the chosen rewarder steps on a toy-world dataset and score them.
+
+    Scored: the rows these steps wrote (with ``resume``, also the ones they kept, which
+    the steps keep only when the same model and model_version wrote them and, for rubric,
+    with the same rubric), for the requested ``episodes`` (default: all); coverage is
+    over the requested episodes.
+    """
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"unknown modes {bad}; choose from {MODES}")
@@ -152,7 +200,8 @@ def run_toy_benchmark(
     if "rubric" in modes:
         steps["rubric"] = rubric_dataset(dataset_root, backend, store,
                                          gt_rubric_for(dataset_root), **kw)  # fmt: skip
-    metrics = score_tables(dataset_root, store)
+    rows = {TABLES[mode]: run_rows(store, res, backend) for mode, res in steps.items()}
+    metrics = score_tables(dataset_root, store, episodes=episodes, rows=rows)
     metrics = {k: v for k, v in metrics.items() if k.split(".")[0] in modes}
     for mode, res in steps.items():
         metrics[f"{mode}.failures"] = float(len(res.failures))
@@ -199,10 +248,17 @@ def _read_annotations(root: Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
+                obj = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as e:
                 raise FloraDataError(f"line {n} is not JSON ({e})", dataset=root.name,
                                      file=jl) from e  # fmt: skip
+            if not isinstance(obj, dict):
+                raise FloraDataError(
+                    f"row {len(rows)} (line {n}) is a JSON {type(obj).__name__}, not an object "
+                    "with video, task and score", dataset=root.name, episode=len(rows),
+                    file=jl, field="row",
+                )  # fmt: skip
+            rows.append(obj)
     elif cv.exists():
         src = cv
         with cv.open(newline="") as f:
@@ -213,12 +269,17 @@ def _read_annotations(root: Path) -> list[dict[str, Any]]:
     items = []
     for n, r in enumerate(rows):
         for key in ("video", "task", "score"):
-            if key not in r or r[key] in (None, ""):
+            if key not in r or r[key] is None or (isinstance(r[key], str) and not r[key]):
                 raise FloraDataError(f"row {n} lacks {key!r}", dataset=root.name, episode=n,
                                      file=src, field=key)  # fmt: skip
+        for key in ("video", "task"):
+            if not isinstance(r[key], str):
+                raise FloraDataError(f"row {n} {key} {r[key]!r} is not a string",
+                                     dataset=root.name, episode=n, file=src, field=key)  # fmt: skip
         try:
-            s = float(r["score"])
-        except (TypeError, ValueError):
+            # A JSON true/false is not a score (float(True) would make it 1).
+            s = math.nan if isinstance(r["score"], bool) else float(r["score"])
+        except (TypeError, ValueError, OverflowError):
             s = math.nan
         if not s.is_integer() or not 1 <= s <= 5:
             raise FloraDataError(f"row {n} score {r['score']!r} is not an integer 1..5",
@@ -248,7 +309,7 @@ def run_roborewardbench(
     store = TableStore(out)
     res = outcome_dataset(bench, backend, store, max_attempts=max_attempts,
                           max_frames=max_frames, resume=resume, progress=progress)  # fmt: skip
-    df = store.read("outcome")
+    df = run_rows(store, res, backend)  # this run's answers only, never an earlier model's
     df = df[df["dataset"] == bench.name] if len(df) else df
     m: dict[str, float] = {"rrb.items": float(len(bench.items))}
     if len(df):

@@ -22,8 +22,12 @@ Grammar (one window, 33 lines, worst level first)::
     32: L
 
 W and every L are in {1, 2, 3} (1 failure, 2 suboptimal, 3 normal). Groups appear once
-each, in order 1..32. A group with L in {1, 2} carries ``| reason`` (non-empty, one line);
-a normal group carries none. W must equal the minimum label, else the parse is rejected.
+each, in order 1..32, numbers without leading zeros. Lines are separated by one ``\n``
+(no blank lines); ``worst:`` and ``G:`` are followed by exactly one space. A group with L
+in {1, 2} carries `` | reason`` (printable ASCII without ``|``, starting with a visible
+character, at most 500 characters); a normal group carries nothing after its label. W must
+equal the minimum label, else the parse is rejected. This is :func:`dense_regex` plus the
+worst rule; only whitespace around the whole answer is ignored.
 """
 
 from __future__ import annotations
@@ -125,8 +129,10 @@ class DenseOutput:
     reasons: tuple[str, ...]
 
 
-_WORST = re.compile(r"\Aworst:[ \t]*(\S+)[ \t]*\Z")
-_LINE = re.compile(r"\A([0-9]+):[ \t]*([^|\s]+)[ \t]*(?:\|(.*))?\Z")
+# Loose shapes, so that a rejection can say what is wrong; the exact rules are checked
+# after the match (see parse_dense).
+_WORST = re.compile(r"\Aworst:[ \t]*(\S*)[ \t]*\Z")
+_LINE = re.compile(r"\A([0-9]+)(:[ \t]*)([^|\s]*)(.*)\Z", re.DOTALL)
 
 
 def render_dense(labels: Sequence[int], reasons: Sequence[str] | None = None) -> str:
@@ -157,18 +163,22 @@ MAX_REASON_CHARS = 500
 
 
 def _first_lines(text: str, limit: int) -> list[str]:
-    """Up to ``limit`` non-blank stripped lines (splitlines() rules), read lazily.
+    """Up to ``limit`` lines of ``text`` split at ``\n`` only, read lazily, unstripped.
 
     A window has exactly 33 lines: reading a couple more is enough to reject an answer
     with too many, without splitting a multi-megabyte answer in full.
     """
     out: list[str] = []
-    for raw in iter_lines(text):
-        if ln := raw.strip():
-            out.append(ln)
-            if len(out) >= limit:
-                break
+    for ln in iter_lines(text, newline_only=True):
+        out.append(ln)
+        if len(out) >= limit:
+            break
     return out
+
+
+#: A reason as :func:`dense_regex` states it: printable ASCII but ``|``, a visible first
+#: character, at most :data:`MAX_REASON_CHARS` characters.
+_REASON_CHARS = re.compile(r"\A[!-{}~][ -{}~]*\Z")
 
 
 def dense_regex() -> str:
@@ -184,23 +194,31 @@ def dense_regex() -> str:
 def parse_dense(text: str) -> DenseOutput | Rejection:
     """Strict parser for one dense window; a ``DenseOutput`` or a typed ``Rejection``.
 
-    Rejects: missing/invalid worst line, a count other than 32 group lines, groups out of
-    order, labels outside 1..3, a non-normal group without a reason, a normal group with
-    one, a reason longer than :data:`MAX_REASON_CHARS` or with non-printable characters,
-    and a declared worst level that differs from the minimum label. Never raises.
+    Accepts exactly what :func:`dense_regex` matches (whitespace around the whole answer
+    aside) whose declared worst level is the minimum label. Rejects: missing/invalid worst
+    line, a blank line, a count other than 32 group lines, groups out of order or with a
+    leading zero, anything but one space after a colon, labels outside 1..3, a non-normal
+    group without `` | reason``, a normal group with anything after its label, a reason
+    longer than :data:`MAX_REASON_CHARS`, with ``|`` or with characters other than
+    printable ASCII, and a declared worst level that differs from the minimum label.
+    Never raises.
     """
     if not isinstance(text, str):
         return Rejection(f"dense: expected text, got {type(text).__name__}", repr(text))
-    lines = _first_lines(text, DENSE_GROUPS + 3)  # worst line, 32 groups, 2 extra
-    if not lines:
+    lines = _first_lines(text.strip(), DENSE_GROUPS + 3)  # worst line, 32 groups, 2 extra
+    if lines == [""]:
         return Rejection("dense: empty output", text)
     m = _WORST.match(lines[0])
     if m is None:
         return Rejection("dense: first line must declare 'worst: W'", text)
     if m.group(1) not in ("1", "2", "3"):
         return Rejection(f"dense: declared worst level {m.group(1)!r} outside 1..3", text)
+    if lines[0] != f"worst: {m.group(1)}":
+        return Rejection(f"dense: first line must be exactly 'worst: W': {lines[0]!r}", text)
     worst = int(m.group(1))
     body = lines[1:]
+    if "" in body:
+        return Rejection(f"dense: blank line after line {body.index('') + 1}", text)
     if len(body) != DENSE_GROUPS:
         got = f"more than {DENSE_GROUPS + 1}" if len(body) > DENSE_GROUPS + 1 else len(body)
         return Rejection(f"dense: expected {DENSE_GROUPS} group labels, got {got}", text)
@@ -211,24 +229,35 @@ def parse_dense(text: str) -> DenseOutput | Rejection:
         if lm is None:
             return Rejection(f"dense: group line {g} malformed: {line[:80]!r}", text)
         # Compare digits, not int(): int() refuses more than 4,300 digits (ValueError).
-        got = lm.group(1).lstrip("0") or "0"
+        # As written: "01" is not group 1 (the grammar has no leading zeros).
+        got = lm.group(1)
         if got != str(g):
             shown = got if len(got) <= 12 else f"{got[:6]}…({len(got)} digits)"
             return Rejection(f"dense: expected group {g}, got group {shown}", text)
-        if lm.group(2) not in ("1", "2", "3"):
-            return Rejection(f"dense: group {g} label {lm.group(2)!r} outside 1..3", text)
-        lab = int(lm.group(2))
-        why = (lm.group(3) or "").strip()
-        if lab != 3 and not why:
-            return Rejection(f"dense: group {g} has label {lab} but no reason", text)
-        if len(why) > MAX_REASON_CHARS or not why.isprintable():
-            return Rejection(
-                f"dense: group {g} reason is longer than {MAX_REASON_CHARS} characters or "
-                "holds non-printable characters",
-                text,
-            )
-        if lab == 3 and lm.group(3) is not None:
-            return Rejection(f"dense: group {g} is normal (3) but carries a reason", text)
+        if lm.group(3) not in ("1", "2", "3"):
+            return Rejection(f"dense: group {g} label {lm.group(3)[:40]!r} outside 1..3", text)
+        if lm.group(2) != ": ":
+            return Rejection(f"dense: group {g} needs exactly one space after ':'", text)
+        lab, rest = int(lm.group(3)), lm.group(4)
+        if lab == 3:
+            if "|" in rest:
+                return Rejection(f"dense: group {g} is normal (3) but carries a reason", text)
+            if rest:
+                return Rejection(f"dense: group line {g} has text after its label", text)
+            why = ""
+        else:
+            if not rest.strip(" \t|"):
+                return Rejection(f"dense: group {g} has label {lab} but no reason", text)
+            if not rest.startswith(" | "):
+                return Rejection(f"dense: group {g} needs ' | ' between label and reason", text)
+            why = rest[3:]
+            if len(why) > MAX_REASON_CHARS or _REASON_CHARS.match(why) is None:
+                return Rejection(
+                    f"dense: group {g} reason must be at most {MAX_REASON_CHARS} characters "
+                    "of printable ASCII without '|', starting with a visible character",
+                    text,
+                )
+            why = why.rstrip()
         labels.append(lab)
         reasons.append(why)
     if worst != min(labels):

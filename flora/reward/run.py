@@ -6,7 +6,8 @@ answers into rows with the common columns, validates each episode's rows with th
 Great Expectations suite and writes them with ``flora.tables.TableStore``. A rejected
 item (an episode, or one dense window) is recorded as a failure with its reason and the
 rest completes; nothing is filled in. A rerun skips episodes already written without
-failures and redoes the others.
+failures by the same model and model_version (and, in rubric mode, with the same rubric)
+and redoes the others; a redone episode that yields no rows loses its earlier part.
 
 Inputs per mode (see ``docs/reward.md``):
 
@@ -231,14 +232,78 @@ def _store(out: str | Path | TableStore) -> TableStore:
     return out if isinstance(out, TableStore) else TableStore(out)
 
 
+def model_identity(backend: VLMBackend) -> tuple[str, str]:
+    """``(model, model_version)`` as a step writes them into its rows."""
+    return (
+        str(getattr(backend, "name", type(backend).__name__)),
+        str(getattr(backend, "model_version", "")),
+    )
+
+
 def _common(episode: Episode, backend: VLMBackend, run_id: str) -> dict[str, Any]:
+    model, version = model_identity(backend)
     return {
         "episode_id": episode.episode_id,
         "dataset": episode.dataset,
-        "model": str(getattr(backend, "name", type(backend).__name__)),
-        "model_version": str(getattr(backend, "model_version", "")),
+        "model": model,
+        "model_version": version,
         "run_id": run_id,
     }
+
+
+def stored_identity(backend: VLMBackend) -> tuple[str, str]:
+    """:func:`model_identity` as the backend's rows will carry it, for the resume check.
+
+    The OpenAI-compatible client reports ``openai:<model>`` until an answer brings the
+    server's ``system_fingerprint`` (``flora serve`` sends its weights hash), which is what
+    its rows then carry; before any request its ``/v1/models`` listing gives that version
+    (``flora serve`` lists ``model_version``). When the listing does not (vLLM) or fails,
+    the reported value stays, and rows with another version are redone.
+    """
+    model, version = model_identity(backend)
+    served, listing = getattr(backend, "model", None), getattr(backend, "models", None)
+    if not (isinstance(served, str) and callable(listing) and version == f"openai:{served}"):
+        return model, version
+    try:
+        for m in listing().get("data", []):
+            v = m.get("model_version") if isinstance(m, dict) and m.get("id") == served else None
+            if isinstance(v, str) and v:
+                return model, v[:200]  # as the client keeps a fingerprint
+    except Exception:  # noqa: BLE001 - no listing: keep the reported version
+        pass
+    return model, version
+
+
+def rubric_json(rubric: Rubric) -> str:
+    """The ``rubric_json`` column of a rubric row: the rubric, canonical JSON."""
+    return json.dumps(rubric.model_dump(mode="json"), sort_keys=True)
+
+
+def _rows_match(
+    store: TableStore,
+    table: str,
+    episode_id: str,
+    identity: tuple[str, str],
+    rubric: str | None = None,
+) -> bool:
+    """Whether every stored row of the episode was answered by the model ``identity``
+    (``(model, model_version)``) and, when ``rubric`` is given, with that ``rubric_json``.
+
+    An unreadable or empty part, or one lacking the columns, does not match (redo it).
+    """
+    cols = ["model", "model_version"] + (["rubric_json"] if rubric is not None else [])
+    try:
+        df = store.read_part(table, episode_id, columns=cols)
+    except Exception:  # noqa: BLE001 - whatever is wrong with the part, redoing fixes it
+        return False
+    if df is None or not len(df):
+        return False
+    same = (df["model"].astype(str) == identity[0]) & (
+        df["model_version"].astype(str) == identity[1]
+    )
+    if rubric is not None:
+        same &= df["rubric_json"].astype(str) == rubric
+    return bool(same.all())
 
 
 def _reason(a: Attempted) -> str:
@@ -249,13 +314,32 @@ def _reason(a: Attempted) -> str:
     return f"{rej.kind}: {rej.reason} (after {len(a.attempts)} attempts){tail}"
 
 
+#: ``current(index, episode_id)``: whether the episode's stored rows are what this run
+#: would write (same model, model_version and, in rubric mode, rubric).
+Current = Callable[[int, str], bool]
+
+
 def _pending(
-    store: TableStore, table: str, ds: Any, episodes: Iterable[int] | None, resume: bool
+    store: TableStore,
+    table: str,
+    ds: Any,
+    episodes: Iterable[int] | None,
+    resume: bool,
+    current: Current | None = None,
 ) -> tuple[list[int], list[str]]:
-    """Episode indices still to do, and the episode ids skipped as already done."""
+    """Episode indices still to do, and the episode ids skipped as already done.
+
+    With ``resume`` an episode is skipped only when it was written without failures *and*
+    ``current`` says its rows came from this run's model (and rubric); otherwise redone.
+    """
     idx = [int(i) for i in (episodes if episodes is not None else ds.episode_indices())]
     ids = [make_episode_id(ds.name, i) for i in idx]
     todo_ids, skipped = store.split_pending(table, ids, redo=not resume)
+    if current is not None and skipped:
+        index_of = dict(zip(ids, idx, strict=True))
+        stale = {eid for eid in dict.fromkeys(skipped) if not current(index_of[eid], eid)}
+        skipped = [eid for eid in skipped if eid not in stale]
+        todo_ids = [*todo_ids, *stale]
     pending = set(todo_ids)
     return [i for i, eid in zip(idx, ids, strict=True) if eid in pending], skipped
 
@@ -267,11 +351,29 @@ def _start(
     run_id: str | None,
     episodes: Iterable[int] | None,
     resume: bool,
+    backend: VLMBackend,
+    rubric_of: Callable[[Any, int], Rubric | None] | None = None,
 ) -> tuple[Any, TableStore, StepResult, list[int]]:
-    """Open dataset and store, start the step's result; ``(ds, store, result, todo)``."""
+    """Open dataset and store, start the step's result; ``(ds, store, result, todo)``.
+
+    Resume skips an episode only when its stored rows carry this backend's model and
+    model_version and, in rubric mode (``rubric_of(ds, index)`` gives the episode's
+    rubric), this rubric's ``rubric_json``.
+    """
     ds, store = _open(dataset), _store(out)
     res = StepResult(table, store.root, _run_id(run_id))
-    todo, res.skipped = _pending(store, table, ds, episodes, resume)
+    known: list[tuple[str, str]] = []  # resolved on the first resume check only
+
+    def current(i: int, eid: str) -> bool:
+        if not known:
+            known.append(stored_identity(backend))
+        identity = known[0]
+        if rubric_of is None:
+            return _rows_match(store, table, eid, identity)
+        rub = rubric_of(ds, i)
+        return rub is not None and _rows_match(store, table, eid, identity, rubric_json(rub))
+
+    todo, res.skipped = _pending(store, table, ds, episodes, resume, current)
     return ds, store, res, todo
 
 
@@ -325,19 +427,28 @@ def _finish_episode(
     failures: list[Failure],
     res: StepResult,
 ) -> None:
-    """Validate one episode's rows, write them (or record why not), record failures."""
+    """Validate one episode's rows, write them (or record why not), record failures.
+
+    The episode is being redone: when no new part is written (every item failed, or the
+    rows failed the table's suite) its previous part is removed, so a table never keeps an
+    earlier run's rows beside this run's failure records for the same items.
+    """
     from flora.validation.core import validate_table
 
+    written = False
     if rows:
         df = pd.DataFrame(rows)
         report = validate_table(table, df)
         if report.success:
             store.write(table, episode_id, df)
+            written = True
             res.written.append(episode_id)
             res.rows += len(df)
         else:
             failures = [*failures, Failure(table, episode_id, "table",
                                            f"validation: {report.summary()}")]  # fmt: skip
+    if not written:
+        store.drop(table, episode_id)  # pending until the failures below are recorded
     store.record_failures(table, episode_id, failures)
     res.failures.extend(failures)
 
@@ -374,7 +485,7 @@ def outcome_dataset(
     progress: bool = True,
 ) -> StepResult:
     """Outcome step: table ``outcome`` (score_probs[5], expected_score, reward, argmax)."""
-    ds, store, res, todo = _start("outcome", dataset, out, run_id, episodes, resume)
+    ds, store, res, todo = _start("outcome", dataset, out, run_id, episodes, resume, backend)
     bar = tqdm(total=len(todo), desc="reward outcome", unit="ep", disable=not progress)
     for indices in _batches(todo, batch_episodes):
         chunk = _build_batch(ds, "outcome", indices, lambda e: outcome_request(
@@ -421,7 +532,8 @@ def dense_dataset(
     window rejected after its retries is recorded as a failure; the times whose eq. (22)
     source is that window get no row (they are not re-sourced from a neighbour).
     """
-    ds, store, res, todo = _start("dense_labels", dataset, out, run_id, episodes, resume)
+    ds, store, res, todo = _start("dense_labels", dataset, out, run_id, episodes, resume,
+                                  backend)  # fmt: skip
     for i in tqdm(todo, desc="reward dense", unit="ep", disable=not progress):
         ep, windows, err = _load_and_build(
             ds, "dense_labels", i, lambda e: plan_windows(e.duration_us)
@@ -487,8 +599,19 @@ def rubric_dataset(
     ``rubric`` is one rubric (object, dict or YAML/JSON path) for every episode, or a
     function episode -> Rubric (None: no rubric for that episode, recorded as a failure).
     """
-    ds, store, res, todo = _start("rubric", dataset, out, run_id, episodes, resume)
     pick = _rubric_for(rubric)
+    per_episode = callable(rubric) and not isinstance(rubric, Rubric)
+
+    def rubric_of(ds: Any, i: int) -> Rubric | None:
+        if not per_episode:
+            return pick(None)  # type: ignore[arg-type]  # one rubric, no episode needed
+        try:
+            return pick(ds.episode(int(i)))
+        except (FloraDataError, ValueError, OSError):
+            return None  # redo it: the step records why
+
+    ds, store, res, todo = _start("rubric", dataset, out, run_id, episodes, resume, backend,
+                                  rubric_of)  # fmt: skip
 
     def build(e: Episode) -> tuple[Rubric, VLMRequest]:
         r = pick(e)
@@ -517,7 +640,7 @@ def rubric_dataset(
                 return {
                     **_common(ep, backend, res.run_id),
                     "task": rb.task,
-                    "rubric_json": json.dumps(rb.model_dump(mode="json"), sort_keys=True),
+                    "rubric_json": rubric_json(rb),
                     "step_names": list(scores),
                     "step_scores": [float(v) for v in scores.values()],
                     "total": score(rb, scores),

@@ -175,6 +175,81 @@ def test_dense_rejects_order_and_format_errors():
     _rej("\n".join(bad), "malformed")
 
 
+def _one_failure() -> str:
+    labels, reasons = [3] * 32, [""] * 32
+    labels[4], reasons[4] = 1, "drops it"
+    return render_dense(labels, reasons)
+
+
+def _grammar_accepts(text: str) -> bool:
+    """The documented grammar: dense_regex() plus the declared-worst rule (DenseGuide),
+    whitespace around the whole answer aside."""
+    return DenseGuide().complete(text.strip())
+
+
+GOOD = _one_failure()
+OUTSIDE_THE_GRAMMAR = {
+    "reason with '|'": GOOD.replace("drops it", "drops it | and more"),
+    "group 01": GOOD.replace("\n1: 3", "\n01: 3"),
+    "blank lines between groups": GOOD.replace("\n", "\n\n"),
+    "blank line once": GOOD.replace("\n7: 3", "\n\n7: 3"),
+    "no space '1:3'": GOOD.replace("\n1: 3", "\n1:3"),
+    "tab '1:\\t3'": GOOD.replace("\n1: 3", "\n1:\t3"),
+    "two spaces '1:  3'": GOOD.replace("\n1: 3", "\n1:  3"),
+    "'worst:1'": GOOD.replace("worst: 1", "worst:1"),
+    "'worst: 1 '": GOOD.replace("worst: 1", "worst: 1 "),
+    "indented group": GOOD.replace("\n2: 3", "\n  2: 3"),
+    "space after a normal label": GOOD.replace("\n2: 3", "\n2: 3 "),
+    "no space before '|'": GOOD.replace("1 | drops", "1| drops"),
+    "no space after '|'": GOOD.replace("1 | drops", "1 |drops"),
+    "reason starting with a space": GOOD.replace("1 | drops", "1 |  drops"),
+    "non-ASCII reason": GOOD.replace("drops it", "drops it \u00e9"),
+    "tab in reason": GOOD.replace("drops it", "drops\tit"),
+    "CRLF lines": GOOD.replace("\n", "\r\n"),
+    "reason of 501 characters": GOOD.replace("drops it", "x" * 501),
+}
+INSIDE_THE_GRAMMAR = {
+    "rendered": GOOD,
+    "whitespace around the answer": "  \n" + GOOD + "\n\n",
+    "trailing space after a reason": GOOD.replace("drops it", "drops it "),
+    "reason of 500 characters": GOOD.replace("drops it", "x" * 500),
+    "reason with '~' and '}'": GOOD.replace("drops it", "drops {it} ~ here"),
+}
+
+
+@pytest.mark.parametrize("text", OUTSIDE_THE_GRAMMAR.values(), ids=OUTSIDE_THE_GRAMMAR.keys())
+def test_dense_parser_rejects_text_outside_the_grammar(text):
+    assert not _grammar_accepts(text)
+    assert isinstance(parse_dense(text), Rejection)
+
+
+@pytest.mark.parametrize("text", INSIDE_THE_GRAMMAR.values(), ids=INSIDE_THE_GRAMMAR.keys())
+def test_dense_parser_accepts_text_inside_the_grammar(text):
+    assert _grammar_accepts(text)
+    out = parse_dense(text)
+    assert isinstance(out, DenseOutput) and out.reasons[4] == out.reasons[4].strip() != ""
+
+
+def test_dense_parser_is_exactly_as_strict_as_the_grammar_under_edits():
+    """Random one-character edits of valid answers: the parser accepts exactly what the
+    grammar (regex + worst rule) accepts."""
+    rng = random.Random(0)
+    alphabet = list("0123456789 :|\n\t\rwab~\u00e9\u00b2")
+    for _ in range(600):
+        text = list(GOOD if rng.random() < 0.5 else render_dense([3] * 32))
+        for _ in range(rng.choice([1, 1, 2])):
+            pos = rng.randrange(len(text) + 1)
+            op = rng.choice(["ins", "del", "sub"])
+            if op == "ins" or not text:
+                text.insert(pos, rng.choice(alphabet))
+            elif op == "del":
+                del text[min(pos, len(text) - 1)]
+            else:
+                text[min(pos, len(text) - 1)] = rng.choice(alphabet)
+        t = "".join(text)
+        assert isinstance(parse_dense(t), DenseOutput) == _grammar_accepts(t), repr(t)
+
+
 @settings(max_examples=100, derandomize=True, deadline=None)
 @given(
     st.lists(st.sampled_from([1, 2, 3, 3, 3]), min_size=DENSE_GROUPS, max_size=DENSE_GROUPS),
