@@ -51,12 +51,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 GX_ANALYTICS_ENABLED=false \
 # git: DVC and MLflow record commits. PyAV bundles FFmpeg, so no codec packages.
 RUN apt-get update && apt-get install -y --no-install-recommends git ca-certificates tini \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 1000 flora && mkdir -p /data && chown flora /data
+    && useradd --create-home --uid 1000 --gid 0 flora && mkdir -p /data /home/flora/.flora \
+    && chown -R flora:0 /data /home/flora && chmod -R g=u /data /home/flora
 COPY --from=cpu-builder /opt/flora/venv /opt/flora/venv
 COPY dags /opt/flora/dags
 COPY --chmod=0755 tools/docker-entrypoint.sh /usr/local/bin/flora-entrypoint
-USER 1000:1000
-ENV FLORA_HOME=/home/flora/.flora HOME=/home/flora
+USER 1000:0
+ENV FLORA_HOME=/home/flora/.flora HOME=/home/flora USER=flora LOGNAME=flora
 WORKDIR /home/flora
 ENTRYPOINT ["tini", "--", "flora-entrypoint"]
 CMD ["flora", "--help"]
@@ -100,12 +101,13 @@ RUN apt-get update && apt-get install -y --no-install-recommends software-proper
     && apt-get install -y --no-install-recommends python3.11 python3.11-venv git ca-certificates tini \
     && apt-get purge -y --auto-remove software-properties-common gpg-agent \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 1000 flora && mkdir -p /data && chown flora /data
+    && useradd --create-home --uid 1000 --gid 0 flora && mkdir -p /data /home/flora/.flora \
+    && chown -R flora:0 /data /home/flora && chmod -R g=u /data /home/flora
 COPY --from=cuda-builder /opt/flora/venv /opt/flora/venv
 COPY dags /opt/flora/dags
 COPY --chmod=0755 tools/docker-entrypoint.sh /usr/local/bin/flora-entrypoint
-USER 1000:1000
-ENV FLORA_HOME=/home/flora/.flora HOME=/home/flora
+USER 1000:0
+ENV FLORA_HOME=/home/flora/.flora HOME=/home/flora USER=flora LOGNAME=flora
 WORKDIR /home/flora
 ENTRYPOINT ["tini", "--", "flora-entrypoint"]
 CMD ["flora", "--help"]

@@ -82,6 +82,20 @@ def problems(text: str) -> list[str]:
         for op, v in st.instructions:
             if op == "RUN" and COMPILERS.search(v):
                 out.append(f"{target}: compiler/dev package in RUN: {v[:80]}")
+        # The pipeline pods run this image as another uid in group 0 (Airflow's 50000:0,
+        # flora.settings pod_run_as_user / pod_fs_group): home and /data must be theirs too.
+        env = " ".join(v for op, v in st.instructions if op == "ENV")
+        home = re.search(r"\bHOME=(\S+)", env)
+        runs = " ".join(v for op, v in st.instructions if op == "RUN")
+        for place in [home.group(1) if home else "$HOME", "/data"]:
+            if not re.search(
+                rf"(chgrp -R 0|chown -R \S*:0)\b[^&]*\s{re.escape(place)}\b", runs
+            ) or not re.search(rf"chmod -R g=u\b[^&]*\s{re.escape(place)}\b", runs):
+                out.append(f"{target}: {place} is not group 0's with the owner's permissions")
+        if users and users[-1].split(":")[-1] != "0":
+            out.append(f"{target}: USER {users[-1]} is not in group 0")
+        if not re.search(r"\bLOGNAME=\S+", env):
+            out.append(f"{target}: no LOGNAME for a uid without a passwd entry")
         if not any(
             op == "COPY" and "--from=" in v and "/opt/flora/venv" in v for op, v in st.instructions
         ):
@@ -138,6 +152,8 @@ def test_the_checks_catch_a_bad_dockerfile():
     assert "no cuda stage" in found
     assert "cpu: does not end as a non-root USER" in found
     assert "cpu: compiler/dev package in RUN" in found
+    assert "cpu: /data is not group 0's with the owner's permissions" in found
+    assert "cpu: no LOGNAME for a uid without a passwd entry" in found
     assert "not pinned by digest" in found
     assert "ARG HF_TOKEN has a baked-in value" in found
     assert "ENV MLFLOW_TRACKING_PASSWORD has a baked-in value" in found
