@@ -29,7 +29,10 @@ def _signature():
         [
             ColSpec("string", "state"),  # JSON list of floats (dataset units)
             ColSpec("string", "text"),  # task or caption
-            ColSpec("string", "prefix", required=False),  # JSON (d, A) committed actions
+            # JSON (d, A) committed actions, in dataset units (the previous chunk's actions
+            # that run while this one is computed); missing/null: plain sampling.
+            ColSpec("string", "prefix", required=False),
+            # How many leading prefix rows are committed; missing/null: all of them.
             ColSpec("long", "d", required=False),
         ]
     )
@@ -48,25 +51,95 @@ def _pyfunc_class():
             self.policy = load_policy(context.artifacts[CHECKPOINT_KEY])
 
         def predict(self, context, model_input, params=None):  # noqa: ANN001
+            """One chunk per row (see :func:`predict_args` for ``prefix`` and ``d``)."""
             import numpy as np
             import pandas as pd
 
             steps = int(self.policy.extra.get("train_config", {}).get("denoise_steps", 5))
+            cfg = self.policy.model.config
             out = []
-            for r in model_input.to_dict("records"):
-                prefix = json.loads(r["prefix"]) if r.get("prefix") else None
-                d = int(r.get("d") or 0)
-                chunk = self.policy.chunk(
-                    np.asarray(json.loads(r["state"]), dtype=np.float32),
-                    str(r["text"]),
-                    prefix=None if prefix is None else np.asarray(prefix, dtype=np.float32),
-                    d=d,
-                    steps=steps,
-                )
+            for i, r in enumerate(model_input.to_dict("records")):
+                state, text, prefix, d = predict_args(i, r, cfg.horizon, cfg.action_dim)
+                chunk = self.policy.chunk(state, text, prefix=prefix, d=d, steps=steps)
                 out.append(json.dumps(np.asarray(chunk).tolist()))
             return pd.DataFrame({"chunk": out})
 
     return FloraPolicy
+
+
+def _missing(v: Any) -> bool:
+    """An absent optional input: None, NaN/NA (what pandas fills in for a row of a batch
+    that lacks the column) or an empty string."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return True
+    if isinstance(v, str):
+        return not v.strip()
+    return type(v).__name__ == "NAType"  # pandas.NA, without importing pandas here
+
+
+def predict_args(
+    row: int, r: Mapping[str, Any], horizon: int, action_dim: int
+) -> tuple[Any, str, Any, int]:
+    """``(state, text, prefix, d)`` for :meth:`TrainedPolicy.chunk` from one input row.
+
+    ``prefix``: JSON (L, A) actions in dataset units; missing (None/NaN/empty) means plain
+    sampling. ``d``: how many leading prefix rows are committed; missing means all of them
+    (``d = L``). ``d <= H - s`` with ``s = max(d, 1)`` (``rtc.sample``'s default), so at most
+    ``H // 2`` committed actions. ``d > 0`` without a prefix, ``d > L``, a malformed prefix
+    or state are a ValueError naming the row (0-based position) and the field.
+    """
+    import numpy as np
+
+    def bad(field: str, why: str) -> ValueError:
+        return ValueError(f"predict: row {row}, field {field!r}: {why}")
+
+    if _missing(r.get("state")):
+        raise bad("state", "missing (a JSON list of floats)")
+    try:
+        state = np.asarray(json.loads(r["state"]), dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise bad("state", f"not a JSON list of floats ({e})") from e
+    text = str(r["text"])
+
+    raw_d, d = r.get("d"), None
+    if not _missing(raw_d):
+        try:
+            fd = float(raw_d)
+        except (TypeError, ValueError):
+            fd = math.nan
+        if isinstance(raw_d, bool) or not fd.is_integer() or fd < 0:
+            raise bad("d", f"must be an integer >= 0, got {raw_d!r}")
+        d = int(fd)
+
+    prefix = None
+    raw_p = r.get("prefix")
+    if not _missing(raw_p):
+        try:
+            prefix = np.asarray(json.loads(raw_p), dtype=np.float32)
+        except (TypeError, ValueError) as e:
+            raise bad("prefix", f"not a JSON (d, A) array of numbers ({e})") from e
+        if prefix.size == 0:
+            prefix = None
+        elif prefix.ndim != 2 or prefix.shape[1] != action_dim:
+            raise bad("prefix", f"must be (d, A={action_dim}), got shape {prefix.shape}")
+    if prefix is None:
+        if d:
+            raise bad("d", f"d={d} committed actions but no 'prefix' gives them")
+        return state, text, None, 0
+
+    field = "d"
+    if d is None:  # every given action is committed
+        d, field = len(prefix), "prefix"
+    if d > len(prefix):
+        raise bad("d", f"d={d} exceeds the {len(prefix)} actions in 'prefix'")
+    s = max(d, 1)
+    if d > horizon - s:
+        raise bad(
+            field,
+            f"d={d} committed actions exceed H - s = {horizon} - {s} (s = max(d, 1)): at "
+            f"most {horizon // 2} fit a chunk of H={horizon}",
+        )
+    return state, text, prefix, d
 
 
 def log_policy_model(checkpoint: str | Path) -> str:

@@ -90,7 +90,7 @@ class RuntimeStats:
 
     delays: list[int] = field(default_factory=list)  # measured, in control steps
     estimates: list[int] = field(default_factory=list)  # d passed to the policy
-    starts: list[int] = field(default_factory=list)  # s' (actions run) at each inference start
+    starts: list[int] = field(default_factory=list)  # s' at each inference start (capped at H)
     served: int = 0
     underruns: int = 0  # control steps with no fresh action (held the last one)
 
@@ -127,7 +127,7 @@ class RTCRuntime:
         self._chunk: torch.Tensor | None = None
         self._t = 0  # actions of the current chunk already served
         self._obs: Any = None
-        self._inflight: dict[str, int] | None = None  # {"start": s', "k": call index}
+        self._inflight: dict[str, int] | None = None  # {"start": t_snap, "k": call index}
         self._calls = 0
         self._stop = False
         self._error: BaseException | None = None
@@ -212,9 +212,12 @@ class RTCRuntime:
                     self._wait(lambda: self._stop or self._t >= self.s, forever=True)
                     if self._stop:
                         return
-                    # s' = actions run since this chunk started (>= s; capped at H after
-                    # an underrun, when the whole chunk has been used up).
-                    start = min(self._t, self.H)
+                    # t_snap = actions of this chunk served so far: the delay is measured
+                    # from it (RTC Alg. 1: actions served since inference started). s' is
+                    # t_snap capped at H (after an underrun the whole chunk has been used
+                    # up); it only selects the prefix and is the policy's ``s``.
+                    t_snap = self._t
+                    start = min(t_snap, self.H)
                     assert self._chunk is not None
                     prefix = self._chunk[start:].clone()
                     obs = self._obs
@@ -222,7 +225,7 @@ class RTCRuntime:
                     d = max(0, min(max(self._recent), self.H - start))
                     k = self._calls
                     self._calls += 1
-                    self._inflight = {"start": start, "k": k}
+                    self._inflight = {"start": t_snap, "k": k}
                     self.stats.starts.append(start)
                     self.stats.estimates.append(d)
                     self._cv.notify_all()
@@ -232,12 +235,12 @@ class RTCRuntime:
                     if self.clock.simulated:
                         lat = self.clock.latency(k)
                         self._wait(
-                            lambda st=start, la=lat: self._stop or self._t - st >= la,
+                            lambda t0=t_snap, la=lat: self._stop or self._t - t0 >= la,
                             forever=True,
                         )
                     if self._stop:  # nobody is served any more: the chunk is moot
                         return
-                    measured = self._t - start
+                    measured = self._t - t_snap
                     self._chunk = chunk
                     self._t = measured  # the new chunk continues where time is now
                     self._recent.append(measured)

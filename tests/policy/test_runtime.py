@@ -124,6 +124,35 @@ def test_underrun_holds_last_action_and_recovers():
     assert rt.stats.underruns == 3
 
 
+def test_underrun_longer_than_chunk_measures_delay_from_snapshot():
+    """An inference that outlasts the whole chunk (10 steps, only 7 actions left) leaves
+    the next chunk past its end (index 10 > H): the next inference then starts with s' = H
+    and an empty prefix, but its delay is measured from the 10 actions served at its start
+    (RTC Alg. 1: actions served since the inference started), not from the capped s' = 8,
+    which would count two steps that ran before it began and publish it at once."""
+    pol = LabelledPolicy()
+    rt = RTCRuntime(pol, H, s=1, clock=SimulatedClock([10, 1]), initial_delay=0)
+    rt.start(obs=-1)
+    try:
+        served = _serve(rt, 16)
+    finally:
+        rt.stop()
+    # Chunk 0 runs out after 8 actions; 3 holds until chunk 1 arrives at index 10 (> H):
+    # one more hold of its last action while inference 2 (1 step) runs; then every chunk
+    # is entered at index 1.
+    assert served == [(0, i) for i in range(8)] + [(0, 7)] * 3 + [(1, 7)] + [
+        (k, 1) for k in range(2, 6)
+    ]
+    assert rt.stats.delays[:4] == [10, 1, 1, 1]
+    assert rt.stats.underruns == 4
+    # Inference 2 began at the step chunk 1 arrived (obs 10) with s' capped at H.
+    assert pol.calls[2]["obs"] == 10 and pol.calls[2]["s"] == H and pol.calls[2]["d"] == 0
+    assert pol.calls[2]["prefix"].numel() == 0
+    assert rt.stats.starts[:3] == [1, H, 1]
+    # The estimate is max of the true delays (10 clamped to H - s' = 7), never inflated.
+    assert rt.stats.estimates[:4] == [0, 0, 7, 7]
+
+
 def test_real_clock_measures_delay_in_control_steps():
     # Each inference returns once the control loop has served 3 more actions, so it spans
     # control steps on any machine: a fixed sleep could pass with the loop descheduled

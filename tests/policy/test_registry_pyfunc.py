@@ -1,0 +1,108 @@
+"""The registered policy's MLflow pyfunc ``predict``: prefix and ``d`` per input row."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from flora.policy.configuration_dit import DiTConfig
+from flora.policy.lerobot import TrainedPolicy
+from flora.policy.modeling_dit import DiTActionExpert
+
+pytest.importorskip("mlflow")
+
+H, A = 8, 2
+STATE = json.dumps([0.1, 0.2, 0.3])
+PREFIX = [[5.0, -5.0], [5.0, -5.0]]  # far from anything the model outputs
+
+
+@pytest.fixture(scope="module")
+def model():
+    from flora.policy.registry import _pyfunc_class
+
+    torch.manual_seed(0)
+    cfg = DiTConfig(
+        action_dim=A, horizon=H, state_dim=3, lang_vocab=64, hidden=32, depth=1, heads=2
+    )
+    net = DiTActionExpert(cfg)
+    for p in net.parameters():  # non-trivial outputs
+        torch.nn.init.normal_(p, std=0.3)
+    net.eval()
+    stats = {"state_mean": [0.0] * 3, "state_std": [1.0] * 3}
+    stats |= {"action_mean": [0.0] * A, "action_std": [1.0] * A}
+    fp = _pyfunc_class()()
+    fp.policy = TrainedPolicy(net, stats, {"train_config": {"denoise_steps": 2}})
+    return fp
+
+
+def _predict(fp, rows: list[dict], seed: int = 1) -> list[np.ndarray]:
+    torch.manual_seed(seed)
+    out = fp.predict(None, pd.DataFrame(rows))
+    return [np.array(json.loads(c)) for c in out["chunk"]]
+
+
+def _row(**kw) -> dict:
+    return {"state": STATE, "text": "t", **kw}
+
+
+def test_prefix_without_d_commits_every_given_action(model):
+    """A prefix with no ``d`` is committed whole (d = len(prefix)), as with ``d`` given;
+    it used to be silently ignored (d defaulted to 0: plain sampling)."""
+    (given,) = _predict(model, [_row(prefix=json.dumps(PREFIX), d=2)])
+    (implied,) = _predict(model, [_row(prefix=json.dumps(PREFIX))])
+    (plain,) = _predict(model, [_row()])
+    assert np.allclose(given[:2], PREFIX) and np.allclose(implied[:2], PREFIX)
+    assert np.allclose(implied, given)
+    assert not np.allclose(plain[:2], PREFIX)
+
+
+def test_batch_with_and_without_prefix(model):
+    """pandas fills NaN for the rows that lack ``prefix``/``d``: those rows sample plainly
+    (it used to be a bare TypeError from json.loads)."""
+    chunks = _predict(model, [_row(prefix=json.dumps(PREFIX), d=2), _row(), _row(d=None)])
+    assert len(chunks) == 3 and all(c.shape == (H, A) for c in chunks)
+    assert np.allclose(chunks[0][:2], PREFIX)
+    assert not np.allclose(chunks[1][:2], PREFIX)
+    # NaN d with a prefix: every given action committed.
+    (c,) = _predict(model, [_row(prefix=json.dumps(PREFIX), d=float("nan"))])
+    assert np.allclose(c[:2], PREFIX)
+
+
+def test_d_without_prefix_is_an_error_naming_row_and_field(model):
+    """``d > 0`` with no prefix used to be plain sampling, silently."""
+    with pytest.raises(ValueError, match=r"row 1, field 'd'.*no 'prefix'"):
+        _predict(model, [_row(), _row(d=2)])
+    with pytest.raises(ValueError, match=r"row 0, field 'd'.*no 'prefix'"):
+        _predict(model, [_row(prefix="[]", d=1)])
+    (c,) = _predict(model, [_row(d=0)])  # d = 0 needs nothing
+    assert c.shape == (H, A)
+
+
+@pytest.mark.parametrize(
+    ("row", "match"),
+    [
+        (_row(prefix="[[1.0, 2.0"), r"row 1, field 'prefix': not a JSON"),
+        (_row(prefix=json.dumps([[1.0, 2.0, 3.0]])), r"row 1, field 'prefix': must be \(d, A=2\)"),
+        (_row(prefix=json.dumps(PREFIX), d=3), r"row 1, field 'd': d=3 exceeds the 2 actions"),
+        (_row(prefix=json.dumps(PREFIX), d=-1), r"row 1, field 'd': must be an integer >= 0"),
+        (_row(prefix=json.dumps(PREFIX), d=1.5), r"row 1, field 'd': must be an integer >= 0"),
+        # d = len(prefix) = 5 > H - max(d, 1) = 3: the prefix is what is too long.
+        (_row(prefix=json.dumps([[0.0, 0.0]] * 5)), r"row 1, field 'prefix': d=5 .*at most 4"),
+        (_row(prefix=json.dumps([[0.0, 0.0]] * 6), d=5), r"row 1, field 'd': d=5 .*at most 4"),
+        (_row(state="[0.1, "), r"row 1, field 'state'"),
+    ],
+)
+def test_bad_rows_name_row_and_field(model, row, match):
+    with pytest.raises(ValueError, match=match):
+        _predict(model, [_row(), row])
+
+
+def test_largest_committed_prefix_is_accepted(model):
+    """d = H // 2 is the most ``d <= H - max(d, 1)`` allows."""
+    prefix = [[float(i), -float(i)] for i in range(H // 2)]
+    (c,) = _predict(model, [_row(prefix=json.dumps(prefix))])
+    assert np.allclose(c[: H // 2], prefix)
