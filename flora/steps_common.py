@@ -2,8 +2,9 @@
 
 A step turns one episode into rows of one table. The loop around it is the same for
 every step and lives here once: skip finished episodes, run the step per episode, write
-its rows and record its failures (an episode that cannot be read is recorded as failed
-and the rest completes), then read the whole table back and validate it with its suite.
+its rows and record its failures (an episode that cannot be read is recorded as failed,
+loses its earlier rows, and the rest completes), then read the whole table back and
+validate it with its suite.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ def run_episodes(
     """Run ``step`` on each episode id, write its rows and record its failures.
 
     A ``FloraDataError`` raised by ``step`` (the episode cannot be read) is recorded as a
-    failure of item ``episode`` and nothing is written for it. Rows and failures are
-    committed together (:meth:`TableStore.commit`), so an interrupted run redoes the
-    episode. Returns the processed ids
-    in order.
+    failure of item ``episode`` and nothing is written for it; the episode's part from an
+    earlier run is removed (:meth:`TableStore.drop`, pending until the failure is
+    recorded), so ``table`` never keeps an earlier run's rows beside this run's failure for
+    the same episode. Rows and failures are committed together (:meth:`TableStore.commit`),
+    so an interrupted run redoes the episode. Returns the processed ids in order.
     """
     processed: list[str] = []
     bar = tqdm(episode_ids, desc=desc, unit="episode", disable=not progress)
@@ -45,6 +47,7 @@ def run_episodes(
         try:
             rows, failures, counts = step(eid)
         except FloraDataError as e:
+            store.drop(table, eid)  # the earlier run's rows: pending until recorded below
             store.record_failures(table, eid, [Failure(table, eid, "episode", str(e))])
             processed.append(eid)
             continue

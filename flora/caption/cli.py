@@ -25,10 +25,11 @@ from flora.cli_common import (
 def _check_neighbour_source(events: Path, dataset: Path) -> None:
     """Refuse --neighbour-captions with a ground-truth events table (a usage error)."""
     from flora.caption.run import load_events_table
+    from flora.data.dataset import dataset_name
     from flora.data.episode import FloraDataError
 
     try:
-        load_events_table(events, dataset.name, neighbour_captions=True)
+        load_events_table(events, dataset_name(dataset), neighbour_captions=True)
     except FloraDataError as e:
         raise typer.BadParameter(e.reason, param_hint="--neighbour-captions") from None
 

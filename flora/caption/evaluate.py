@@ -122,6 +122,26 @@ def _reference_best(
     return len(keys), {k: v[1] for k, v in best.items()}
 
 
+def _check_dataset(df: pd.DataFrame, name: str, src: str) -> None:
+    """Refuse caption rows of another dataset than ``name`` (field ``dataset`` or
+    ``episode_id``): they would be scored against the wrong ground truth."""
+    if df.empty:
+        return
+    checks = [("episode_id", df["episode_id"].astype(str).str.rpartition("/")[0])]
+    if "dataset" in df.columns:  # a null dataset is left to the episode_id check
+        checks.insert(0, ("dataset", df["dataset"].dropna().astype(str)))
+    for col, names in checks:
+        other = sorted(set(names[names != name]))
+        if other:
+            raise FloraDataError(
+                f"captions of dataset(s) {other[:3]} cannot be scored against the ground "
+                f"truth of dataset {name!r}",
+                dataset=name,
+                file=src,
+                field=col,
+            )
+
+
 def evaluate_captions(
     captions: str | Path | pd.DataFrame,
     dataset_root: str | Path,
@@ -134,8 +154,13 @@ def evaluate_captions(
 
     ``episodes`` names the reference episodes of the all-events mean (default: every
     episode of the ground truth — an episode the captioner never wrote counts 0 too).
+    Every row must be of the dataset at ``dataset_root`` (its ``dataset`` column, when
+    present, and its ``episode_id``'s ``<dataset>/`` prefix name it, as the readers do:
+    :func:`flora.data.dataset.dataset_name`); another dataset's row is a
+    ``FloraDataError`` naming the dataset and field, never scored against this ground truth.
     """
     from flora.caption.judges import EmbeddingJudge
+    from flora.data.dataset import dataset_name
     from flora.data.ground_truth import load_ground_truth
 
     judge = judge or EmbeddingJudge()
@@ -143,6 +168,8 @@ def evaluate_captions(
     for col in ("episode_id", "start_us", "end_us", "caption"):
         if col not in df.columns:
             raise FloraDataError("captions table lacks a column", file=str(captions), field=col)
+    src = "<DataFrame>" if isinstance(captions, pd.DataFrame) else str(captions)
+    _check_dataset(df, dataset_name(dataset_root), src)
     gt = load_ground_truth(dataset_root)
     have = set(gt.episode_indices())
     items: list[tuple[str, Any]] = []

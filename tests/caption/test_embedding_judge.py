@@ -130,3 +130,20 @@ def test_clauses_synonyms_and_contrasts():
     v = {c.text for c in contrast_set("grasp the red block")}
     assert "grasp the blue block" in v and "push the red block" in v and "grasp the red cube" in v
     assert "grasp the red brick" not in v  # a synonym is not a contradiction
+
+
+def test_failure_words_split_across_clauses_state_no_failure(embedding_judge):
+    """Review finding: "loses; contact" matched FAIL_WORDS on the joined clauses, then no
+    single clause held it and the judge raised StopIteration instead of scoring."""
+    reqs = [
+        Requirement("action", "reach", 1.0),
+        Requirement("object", "purple ball", 1.0),
+        Requirement("outcome", "pause midway", 0.5),
+    ]
+    split = "caption: the arm reaches toward the purple ball, pauses midway and loses; contact."
+    assert "loses" in split_clauses(split) and "contact" in split_clauses(split)
+    s = score(embedding_judge, split, reqs)
+    assert "outcome" not in s.family_penalty
+    # Positive control: the same words in one clause do state a failure.
+    s = score(embedding_judge, "reach the purple ball, pause midway and lose contact.", reqs)
+    assert "outcome" in s.family_penalty

@@ -60,3 +60,30 @@ def test_duplicate_rows_for_one_event_are_not_summed(
     assert a.metrics["coverage"] == b.metrics["coverage"] == 1.0
     assert b.r_cap_all == pytest.approx(a.r_cap_all)
     assert a.r_cap_all <= 1.0
+
+
+def test_captions_of_another_dataset_are_refused(
+    tiny_dataset, oracle_captions, embedding_judge, tmp_path
+):
+    """Review finding: one dataset's captions were scored against another dataset's ground
+    truth without a word."""
+    import shutil
+
+    from flora.data.episode import FloraDataError
+
+    other = tmp_path / "other_toy"
+    shutil.copytree(tiny_dataset / "ground_truth", other / "ground_truth")
+    judge = embedding_judge
+    with pytest.raises(FloraDataError, match="toy_tiny") as e:
+        evaluate_captions(oracle_captions, other, judge)
+    assert (e.value.dataset, e.value.field) == ("other_toy", "dataset")
+    no_col = oracle_captions.drop(columns=["dataset"])
+    with pytest.raises(FloraDataError) as e:
+        evaluate_captions(no_col, other, judge)
+    assert (e.value.dataset, e.value.field) == ("other_toy", "episode_id")
+    # The same rows named after the dataset they are scored against are accepted.
+    renamed = oracle_captions.assign(
+        dataset="other_toy",
+        episode_id=oracle_captions.episode_id.str.replace(tiny_dataset.name, "other_toy"),
+    )
+    assert evaluate_captions(renamed, other, judge).metrics["n_scored"] > 0

@@ -77,6 +77,13 @@ def test_parse_valid_answer_and_round_trip():
             '{"covered": [1], "errors": [{"family": "object", "requirement": 1, "claim": "x"}]}',
             "both covered and contradicted",
         ),
+        # json.loads keeps the last of repeated keys: the answer is ambiguous, rejected.
+        ('{"covered": [0, 1], "errors": [], "covered": []}', "duplicate key 'covered'"),
+        (
+            '{"covered": [], "errors": [{"family": "object", "requirement": 1, "claim": "x", '
+            '"requirement": null}]}',
+            "duplicate key 'requirement'",
+        ),
     ],
 )
 def test_parse_rejections(text, reason):

@@ -120,3 +120,31 @@ def test_cli_refuses_the_combination_with_one_clear_line(tiny_dataset, tmp_path)
     assert "ground-truth" in res.stderr and "--neighbour-captions" in res.stderr
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "home" / "outputs" / "captions").exists()
+
+
+@pytest.mark.parametrize("null", ["absent", None, float("nan"), pd.NA])
+def test_a_null_model_counts_as_reference(tiny_dataset, null):
+    """Review finding: a model pass concatenated with ground-truth rows gives those rows a
+    null ``model`` (NaN/None), which ``astype(str)`` turned into the model "nan"/"None":
+    the ground-truth captions reached the prompts as neighbour captions."""
+    from collections import namedtuple
+
+    ds = open_dataset(tiny_dataset)
+    raw = pd.read_parquet(_gt_events(tiny_dataset))
+    raw = raw[raw.episode_index == 0].reset_index(drop=True)
+    absent = isinstance(null, str)  # no model column on the ground-truth rows at all
+    gt_rows = raw.iloc[1:] if absent else raw.iloc[1:].assign(model=null)
+    model_rows = raw.iloc[:1].assign(model="flora-segmenter", caption="reach the ball.")
+    mixed = pd.concat([model_rows, gt_rows], ignore_index=True)
+    assert is_reference_table(mixed)
+    with pytest.raises(FloraDataError, match="ground-truth") as e:
+        load_events_table(mixed, ds.name, neighbour_captions=True)
+    assert e.value.field == "caption"
+    # The same rows handed to the request builder as objects (set builders do this).
+    Ev = namedtuple("Ev", "start_us end_us caption model")
+    model = None if absent else null
+    events = [
+        Ev(int(r.start_us), int(r.end_us), str(r.caption), model) for r in raw.iloc[:3].itertuples()
+    ]
+    with pytest.raises(FloraDataError, match="previous model pass"):
+        build_caption_requests(ds.episode(0), events, config=CaptionConfig(neighbour_captions=True))

@@ -86,3 +86,15 @@ def test_judgment_indices_checked_and_requirements_coerced():
         Requirement("colour", "red", 1.0)
     with pytest.raises(ValueError, match="mass"):
         Requirement("action", "grasp", -1.0)
+
+
+def test_zero_mass_reference_scores_zero_as_soon_as_a_claim_is_an_error():
+    """Review finding: with every requirement of mass 0, errors weighed 0 and any error
+    still gave 1.0 (docs: R = 0 gives 0 as soon as any claim is an error)."""
+    reqs = [Requirement("action", "grasp", 0.0), Requirement("object", "red block", 0.0)]
+    tied = score_judgment(reqs, Judgment((1,), (FactualError("action", "push it", 0),)))
+    assert (tied.R, tied.M, tied.F, tied.reward) == (0.0, 0.0, 1.0, 0.0)
+    loose = score_judgment(reqs, Judgment((), (FactualError("object", "a blue cube", None),)))
+    assert (loose.F, loose.reward) == (1.0, 0.0)
+    assert score_judgment(reqs, Judgment((0, 1))).reward == 1.0  # nothing false said
+    assert score_judgment([], Judgment((), (FactualError("object", "x", None),))).reward == 0.0

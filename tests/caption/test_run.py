@@ -8,6 +8,7 @@ import pytest
 from flora.caption.grammar import normalise_caption
 from flora.caption.oracle import GroundTruthCaptionBackend
 from flora.caption.run import CAPTION_DTYPES, CaptionConfig, caption_dataset, request_id
+from flora.data.episode import FloraDataError
 from flora.data.ground_truth import load_ground_truth
 from flora.tables import TableStore
 from flora.validation.core import TableValidationError, assert_valid, validate_table
@@ -179,3 +180,107 @@ def test_an_episode_segmented_again_is_captioned_again(tiny_dataset, tmp_path):
     others = again.captions[again.captions.episode_id != eid]
     assert len(others) == len(first.captions[first.captions.episode_id != eid])
     assert set(others.run_id) == {"run-1"}
+
+
+def test_a_redo_that_fails_as_a_whole_keeps_no_earlier_captions(tiny_dataset, tmp_path):
+    """Review finding: episode 0 segmented again, then unreadable: its run-1 captions of
+    intervals that no longer exist stayed in the table beside run 2's failure."""
+    import shutil
+
+    root = tmp_path / tiny_dataset.name
+    shutil.copytree(tiny_dataset, root)
+    ev = _gt_frame(root)
+    ev = ev[ev.episode_index == 0].sort_values("start_us").reset_index(drop=True)
+    backend = GroundTruthCaptionBackend(root)
+    first = caption_dataset(root, ev, tmp_path / "out", backend, "run-1", progress=False)
+    eid = f"{root.name}/000000"
+    assert set(first.captions.episode_id) == {eid}
+    merged = pd.concat([ev.iloc[[0]].assign(end_us=ev.end_us.iloc[1]), ev.iloc[2:]])
+    (root / "data" / "chunk-000" / "file-000.parquet").write_bytes(b"not parquet")
+    again = caption_dataset(root, merged, tmp_path / "out", backend, "run-2", progress=False)
+    assert again.processed == [eid]
+    assert [(f.episode_id, f.item) for f in again.failures] == [(eid, "episode")]
+    assert len(again.captions) == 0  # no run-1 rows of intervals that no longer exist
+    assert TableStore(tmp_path / "out").pending("captions") == []
+
+
+def _events_parts(root, ev, name, empty=()) -> None:
+    """The segmenter's store: one part per episode, empty for an episode without events."""
+    from flora.data.episode import make_episode_id
+
+    store = TableStore(root)
+    for i, g in ev.groupby("episode_index"):
+        g = g.iloc[:0] if i in empty else g
+        g = g.assign(episode_id=make_episode_id(name, i), dataset=name, model="flora-segmenter",
+                     model_version="v1", run_id="seg-run")  # fmt: skip
+        cols = ["episode_id", "dataset", "model", "model_version", "run_id", "start_us",
+                "end_us", "caption"]  # fmt: skip
+        store.write("events", make_episode_id(name, i), g[cols])
+
+
+@pytest.mark.parametrize("episodes", [None, [0, 1, 2]])
+def test_an_episode_segmented_again_into_no_events_loses_its_captions(
+    tiny_dataset, tmp_path, episodes
+):
+    """Review finding: only episodes that still had events were checked for staleness, so
+    an episode re-segmented into zero events kept every old caption."""
+    name = tiny_dataset.name
+    ev = _gt_frame(tiny_dataset)
+    backend = GroundTruthCaptionBackend(tiny_dataset)
+    store_root = tmp_path / "store"
+    _events_parts(store_root, ev, name)
+    out = tmp_path / "out"
+    first = caption_dataset(tiny_dataset, store_root, out, backend, "run-1",
+                            episodes=episodes, progress=False)  # fmt: skip
+    assert first.captions.episode_id.nunique() == 3
+    # The segmenter runs again: episode 0 now has no events (its part is written empty).
+    _events_parts(store_root, ev, name, empty={0})
+    again = caption_dataset(tiny_dataset, store_root, out, backend, "run-2",
+                            episodes=episodes, progress=False)  # fmt: skip
+    eid = f"{name}/000000"
+    assert eid not in set(again.captions.episode_id)
+    kept = first.captions[first.captions.episode_id != eid]
+    assert len(again.captions) == len(kept) and set(again.captions.run_id) == {"run-1"}
+    assert again.dropped == [eid] and again.processed == [] and len(again.skipped) == 2
+    assert first.dropped == []
+    store = TableStore(out)
+    assert store.pending("captions") == [] and store.failures("captions") == []
+    # A third run changes nothing.
+    third = caption_dataset(tiny_dataset, store_root, out, backend, "run-3",
+                            episodes=episodes, progress=False)  # fmt: skip
+    assert third.dropped == [] and len(third.captions) == len(kept)
+    # Events that merely leave episodes out (a partial table) remove nothing of theirs:
+    # those episodes may not be segmented yet.
+    partial = ev[ev.episode_index == 2]
+    fourth = caption_dataset(tiny_dataset, partial, out, backend, "run-4",
+                             episodes=episodes, progress=False)  # fmt: skip
+    assert fourth.dropped == [] and len(fourth.captions) == len(kept)
+
+
+def test_another_datasets_episodes_are_never_captioned_failed_or_removed(tiny_dataset, tmp_path):
+    """A shared store holds another dataset's captions and a failure record; captioning
+    this dataset with events that also name the other's episodes leaves both alone."""
+    from flora.tables import Failure
+
+    ev = _gt_frame(tiny_dataset)
+    ev0 = ev[ev.episode_index == 0]
+    backend = GroundTruthCaptionBackend(tiny_dataset)
+    out = tmp_path / "out"
+    mine = caption_dataset(tiny_dataset, ev0, out, backend, "run-1", progress=False).captions
+    other = "other/000000"
+    store = TableStore(out)
+    theirs = mine.assign(episode_id=other, dataset="other")
+    old = [Failure("captions", other, "event 3 [0, 1) µs", "their own failure")]
+    store.commit("captions", other, theirs, old)
+    foreign = ev0.drop(columns=["episode_index"]).assign(episode_id=other)
+    mixed = pd.concat([ev0.assign(episode_id=f"{tiny_dataset.name}/000000"), foreign])
+    res = caption_dataset(tiny_dataset, mixed, out, backend, "run-2", overwrite=True,
+                          progress=False)  # fmt: skip
+    assert store.read_part("captions", other).equals(theirs)
+    assert [f for f in store.failures("captions") if f.episode_id == other] == old
+    ours = [f for f in res.failures if f.episode_id == other and f.item == "episode"]
+    assert len(ours) == 1 and "does not belong to dataset" in ours[0].reason
+    with pytest.raises(FloraDataError, match="no episode of dataset") as e:
+        caption_dataset(tiny_dataset, foreign, out, backend, "run-3", progress=False)
+    assert e.value.field == "episode_id"
+    assert store.read_part("captions", other).equals(theirs)
