@@ -58,6 +58,85 @@ def run_episodes(
     return processed
 
 
+def model_identity(backend: Any) -> tuple[str, str]:
+    """``(model, model_version)`` as a step writes them into its rows."""
+    return (
+        str(getattr(backend, "name", type(backend).__name__)),
+        str(getattr(backend, "model_version", "")),
+    )
+
+
+def stored_identity(backend: Any) -> tuple[str, str]:
+    """:func:`model_identity` as the backend's rows will carry it, for the resume check.
+
+    The OpenAI-compatible client reports ``openai:<model>`` until an answer brings the
+    server's ``system_fingerprint`` (``flora serve`` sends its weights hash), which is what
+    its rows then carry; before any request its ``/v1/models`` listing gives that version
+    (``flora serve`` lists ``model_version``). When the listing does not (vLLM) or fails,
+    the reported value stays, and rows with another version are redone.
+    """
+    model, version = model_identity(backend)
+    served, listing = getattr(backend, "model", None), getattr(backend, "models", None)
+    if not (isinstance(served, str) and callable(listing) and version == f"openai:{served}"):
+        return model, version
+    try:
+        for m in listing().get("data", []):
+            v = m.get("model_version") if isinstance(m, dict) and m.get("id") == served else None
+            if isinstance(v, str) and v:
+                return model, v[:200]  # as the client keeps a fingerprint
+    except Exception:  # noqa: BLE001 - no listing: keep the reported version
+        pass
+    return model, version
+
+
+def rows_match(
+    store: TableStore,
+    table: str,
+    episode_id: str,
+    identity: tuple[str, str],
+    also: Mapping[str, str] | None = None,
+) -> bool:
+    """Whether every stored row of the episode was answered by the model ``identity``
+    (``(model, model_version)``) and carries the values ``also`` names (a rubric's JSON).
+
+    An empty part matches (no row to be stale: the model found nothing there); an
+    unreadable part, or one lacking the columns, does not (redo it).
+    """
+    also = dict(also or {})
+    cols = ["model", "model_version", *also]
+    try:
+        df = store.read_part(table, episode_id, columns=cols)
+    except Exception:  # noqa: BLE001 - whatever is wrong with the part, redoing fixes it
+        return False
+    if df is None:
+        return False
+    same = (df["model"].astype(str) == identity[0]) & (
+        df["model_version"].astype(str) == identity[1]
+    )
+    for col, value in also.items():
+        same &= df[col].astype(str) == value
+    return bool(same.all())
+
+
+def split_current(
+    store: TableStore,
+    table: str,
+    episode_ids: Sequence[str],
+    identity: tuple[str, str],
+    *,
+    redo: bool = False,
+) -> tuple[list[str], list[str]]:
+    """``(todo, skipped)`` in ``episode_ids`` order: :meth:`TableStore.split_pending`, and an
+    episode it would skip is redone when its rows came from another model or version
+    (:func:`rows_match`): a rerun with a new model rewrites what the old one wrote."""
+    todo, skipped = store.split_pending(table, list(episode_ids), redo=redo)
+    stale = {e for e in skipped if not rows_match(store, table, e, identity)}
+    if not stale:
+        return todo, skipped
+    redo_ids = set(todo) | stale
+    return [e for e in episode_ids if e in redo_ids], [e for e in skipped if e not in stale]
+
+
 def read_validated(
     store: TableStore, table: str, dataset: str, dtypes: Mapping[str, str]
 ) -> tuple[pd.DataFrame, Any]:
@@ -77,4 +156,12 @@ def read_validated(
     return df, report
 
 
-__all__ = ["EpisodeStep", "read_validated", "run_episodes"]
+__all__ = [
+    "EpisodeStep",
+    "model_identity",
+    "read_validated",
+    "rows_match",
+    "run_episodes",
+    "split_current",
+    "stored_identity",
+]

@@ -44,7 +44,13 @@ from flora.caption.prompts import (
 from flora.contract import EVENT_KEY, Event, event_keys
 from flora.data.episode import Episode, FloraDataError, make_episode_id
 from flora.parsing import generate_parsed
-from flora.steps_common import read_validated, run_episodes
+from flora.steps_common import (
+    model_identity,
+    read_validated,
+    run_episodes,
+    split_current,
+    stored_identity,
+)
 from flora.tables import Failure, TableStore, part_key
 
 TABLE = "captions"
@@ -355,12 +361,13 @@ def caption_episode(
             continue
         before = idx[ctx.before_index] if ctx.before_index is not None else -1
         after = idx[ctx.after_index] if ctx.after_index is not None else -1
+        model, version = model_identity(backend)  # after the answer: a pod's fingerprint
         rows.append(
             {
                 "episode_id": eid,
                 "dataset": episode.dataset,
-                "model": str(getattr(backend, "name", type(backend).__name__)),
-                "model_version": str(getattr(backend, "model_version", "")),
+                "model": model,
+                "model_version": version,
                 "run_id": run_id,
                 "episode_index": int(episode.index),
                 "event_index": int(idx[k]),
@@ -590,7 +597,8 @@ def caption_dataset(
         if store.drop(TABLE, eid) or eid in failed or part_key(eid) in pending:
             store.record_failures(TABLE, eid, [])  # commits the drop: no rows, no failures
             dropped.append(eid)
-    todo, skipped = store.split_pending(TABLE, order, redo=overwrite)
+    # A rerun with another model (or version) redoes what the earlier one wrote.
+    todo, skipped = split_current(store, TABLE, order, stored_identity(backend), redo=overwrite)
     # Captions written for other event intervals (the episode was segmented again since)
     # describe segments that no longer exist: such an episode is captioned again.
     stale = {

@@ -45,8 +45,8 @@ from flora.reward.run import (
     dense_dataset,
     outcome_dataset,
     rubric_dataset,
-    stored_identity,
 )
+from flora.steps_common import stored_identity
 from flora.tables import COMMON_COLUMNS, TableStore
 
 MODES = ("outcome", "dense", "rubric")

@@ -53,6 +53,7 @@ from flora.reward.dense import (
 )
 from flora.reward.outcome import OutcomeScore, outcome_regex, parse_outcome_response
 from flora.reward.rubric import Rubric, load_rubric, parse_rubric, rubric_regex, score
+from flora.steps_common import model_identity, rows_match, stored_identity
 from flora.tables import Failure, TableStore
 
 Mode = Literal["outcome", "dense", "rubric"]
@@ -232,14 +233,6 @@ def _store(out: str | Path | TableStore) -> TableStore:
     return out if isinstance(out, TableStore) else TableStore(out)
 
 
-def model_identity(backend: VLMBackend) -> tuple[str, str]:
-    """``(model, model_version)`` as a step writes them into its rows."""
-    return (
-        str(getattr(backend, "name", type(backend).__name__)),
-        str(getattr(backend, "model_version", "")),
-    )
-
-
 def _common(episode: Episode, backend: VLMBackend, run_id: str) -> dict[str, Any]:
     model, version = model_identity(backend)
     return {
@@ -251,59 +244,9 @@ def _common(episode: Episode, backend: VLMBackend, run_id: str) -> dict[str, Any
     }
 
 
-def stored_identity(backend: VLMBackend) -> tuple[str, str]:
-    """:func:`model_identity` as the backend's rows will carry it, for the resume check.
-
-    The OpenAI-compatible client reports ``openai:<model>`` until an answer brings the
-    server's ``system_fingerprint`` (``flora serve`` sends its weights hash), which is what
-    its rows then carry; before any request its ``/v1/models`` listing gives that version
-    (``flora serve`` lists ``model_version``). When the listing does not (vLLM) or fails,
-    the reported value stays, and rows with another version are redone.
-    """
-    model, version = model_identity(backend)
-    served, listing = getattr(backend, "model", None), getattr(backend, "models", None)
-    if not (isinstance(served, str) and callable(listing) and version == f"openai:{served}"):
-        return model, version
-    try:
-        for m in listing().get("data", []):
-            v = m.get("model_version") if isinstance(m, dict) and m.get("id") == served else None
-            if isinstance(v, str) and v:
-                return model, v[:200]  # as the client keeps a fingerprint
-    except Exception:  # noqa: BLE001 - no listing: keep the reported version
-        pass
-    return model, version
-
-
 def rubric_json(rubric: Rubric) -> str:
     """The ``rubric_json`` column of a rubric row: the rubric, canonical JSON."""
     return json.dumps(rubric.model_dump(mode="json"), sort_keys=True)
-
-
-def _rows_match(
-    store: TableStore,
-    table: str,
-    episode_id: str,
-    identity: tuple[str, str],
-    rubric: str | None = None,
-) -> bool:
-    """Whether every stored row of the episode was answered by the model ``identity``
-    (``(model, model_version)``) and, when ``rubric`` is given, with that ``rubric_json``.
-
-    An unreadable or empty part, or one lacking the columns, does not match (redo it).
-    """
-    cols = ["model", "model_version"] + (["rubric_json"] if rubric is not None else [])
-    try:
-        df = store.read_part(table, episode_id, columns=cols)
-    except Exception:  # noqa: BLE001 - whatever is wrong with the part, redoing fixes it
-        return False
-    if df is None or not len(df):
-        return False
-    same = (df["model"].astype(str) == identity[0]) & (
-        df["model_version"].astype(str) == identity[1]
-    )
-    if rubric is not None:
-        same &= df["rubric_json"].astype(str) == rubric
-    return bool(same.all())
 
 
 def _reason(a: Attempted) -> str:
@@ -369,9 +312,11 @@ def _start(
             known.append(stored_identity(backend))
         identity = known[0]
         if rubric_of is None:
-            return _rows_match(store, table, eid, identity)
+            return rows_match(store, table, eid, identity)
         rub = rubric_of(ds, i)
-        return rub is not None and _rows_match(store, table, eid, identity, rubric_json(rub))
+        return rub is not None and rows_match(
+            store, table, eid, identity, {"rubric_json": rubric_json(rub)}
+        )
 
     todo, res.skipped = _pending(store, table, ds, episodes, resume, current)
     return ds, store, res, todo

@@ -34,7 +34,13 @@ from flora.segment.plan import LocalSegment, Window, plan_windows
 from flora.segment.prompts import SYSTEM, segment_prompt
 from flora.segment.refine import refine_detailed
 from flora.segment.stitch import stitch_detailed
-from flora.steps_common import read_validated, run_episodes
+from flora.steps_common import (
+    model_identity,
+    read_validated,
+    run_episodes,
+    split_current,
+    stored_identity,
+)
 from flora.tables import Failure, TableStore
 
 TABLE = "events"
@@ -377,11 +383,11 @@ def segment_episode(
     except ContractError as e:  # would be a bug in stitching: never write such rows
         raise AssertionError(str(e)) from e
     check_unique_intervals(events, episode.episode_id)
-    if backend is None:
-        model, version = kinematic.MODEL_NAME, kinematic.MODEL_VERSION
-    else:
-        model = str(getattr(backend, "name", type(backend).__name__))
-        version = str(getattr(backend, "model_version", ""))
+    model, version = (
+        (kinematic.MODEL_NAME, kinematic.MODEL_VERSION)
+        if backend is None
+        else model_identity(backend)
+    )
     return EpisodeSegmentation(
         episode_id=episode.episode_id,
         dataset=episode.dataset,
@@ -459,7 +465,13 @@ def segment_dataset(
     indices = list(ds.episode_indices()) if episodes is None else [int(i) for i in episodes]
     # Ids are known without loading the episodes (reading video metadata is not free).
     index_of = {make_episode_id(ds.name, i): int(i) for i in indices}
-    todo, skipped = store.split_pending(TABLE, list(index_of), redo=overwrite)
+    # A rerun with another model (or version) redoes what the earlier one wrote.
+    identity = (
+        (kinematic.MODEL_NAME, kinematic.MODEL_VERSION)
+        if backend is None
+        else stored_identity(backend)
+    )
+    todo, skipped = split_current(store, TABLE, list(index_of), identity, redo=overwrite)
 
     def step(eid: str) -> tuple[pd.DataFrame, list[Failure], dict[str, int]]:
         seg = segment_episode(

@@ -284,3 +284,18 @@ def test_another_datasets_episodes_are_never_captioned_failed_or_removed(tiny_da
         caption_dataset(tiny_dataset, foreign, out, backend, "run-3", progress=False)
     assert e.value.field == "episode_id"
     assert store.read_part("captions", other).equals(theirs)
+
+
+def test_a_rerun_with_another_captioner_version_captions_again(tiny_dataset, tmp_path):
+    """Resume skips an episode only when its captions came from this model and version: a
+    newly promoted captioner rewrites them instead of leaving the old model's in place."""
+    ev = tiny_dataset / "ground_truth" / "events.parquet"
+    backend = GroundTruthCaptionBackend(tiny_dataset)
+    out = tmp_path / "out"
+    first = caption_dataset(tiny_dataset, ev, out, backend, "run-1", progress=False)
+    again = caption_dataset(tiny_dataset, ev, out, backend, "run-2", progress=False)
+    assert again.processed == [] and sorted(again.skipped) == sorted(first.processed)
+    backend.model_version = "v2"
+    newer = caption_dataset(tiny_dataset, ev, out, backend, "run-3", progress=False)
+    assert sorted(newer.processed) == sorted(first.processed) and newer.skipped == []
+    assert set(newer.captions.model_version) == {"v2"} and set(newer.captions.run_id) == {"run-3"}

@@ -205,6 +205,29 @@ def test_segment_dataset_writes_validated_resumable_table(tiny_dataset, tmp_path
     )
 
 
+def test_a_rerun_with_another_model_redoes_what_the_earlier_one_wrote(
+    tiny_dataset, tmp_path, ds, gt_events
+) -> None:
+    """Resume skips an episode only when its rows came from this run's model and version:
+    after the kinematic baseline, a VLM segmenter (and then a new version of it) rewrites
+    every episode instead of leaving the old model's events in place."""
+    out = tmp_path / "tables"
+    ids = [f"{ds.name}/{i:06d}" for i in range(3)]
+    first = segment_dataset(tiny_dataset, out, run_id="run-a", progress=False)
+    assert sorted(first.processed) == ids
+    vlm = OracleBackend(gt_events)
+    second = segment_dataset(tiny_dataset, out, vlm, run_id="run-b", progress=False)
+    assert sorted(second.processed) == ids and second.skipped == []
+    assert set(second.events["model"]) == {"oracle"} and set(second.events["run_id"]) == {"run-b"}
+    same = segment_dataset(tiny_dataset, out, vlm, run_id="run-c", progress=False)
+    assert same.processed == [] and sorted(same.skipped) == ids
+    vlm.model_version = "gt-2"
+    newer = segment_dataset(tiny_dataset, out, vlm, run_id="run-d", episodes=[1],
+                            progress=False)  # fmt: skip
+    assert newer.processed == [ids[1]] and newer.skipped == []
+    assert set(newer.events.groupby("episode_id")["model_version"].first()) == {"gt", "gt-2"}
+
+
 def test_segment_dataset_records_failures_and_retries(tiny_dataset, tmp_path, ds, gt_events):
     out = tmp_path / "tables"
     eid = f"{ds.name}/000002"
