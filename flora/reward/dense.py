@@ -152,8 +152,12 @@ def render_dense(labels: Sequence[int], reasons: Sequence[str] | None = None) ->
         if lab == 3:
             lines.append(f"{g}: 3")
         else:
-            if not why or "|" in why:
-                raise DenseError(f"group {g}: label {lab} needs a non-empty reason without '|'")
+            # The parser's reason rule (dense_regex): a target it would refuse is no target.
+            if not why or len(why) > MAX_REASON_CHARS or _REASON_CHARS.match(why) is None:
+                raise DenseError(
+                    f"group {g}: label {lab} needs a reason of 1..{MAX_REASON_CHARS} printable "
+                    f"ASCII characters without '|', got {why[:60]!r}"
+                )
             lines.append(f"{g}: {lab} | {why}")
     return "\n".join(lines)
 

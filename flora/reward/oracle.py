@@ -17,7 +17,13 @@ from pathlib import Path
 
 from flora.backends.base import TokenLogprob, VLMRequest, VLMResponse
 from flora.backends.oracle import GroundTruthOracle
-from flora.reward.dense import DenseWindow, plan_windows, render_dense, window_targets
+from flora.reward.dense import (
+    DenseError,
+    DenseWindow,
+    plan_windows,
+    render_dense,
+    window_targets,
+)
 from flora.reward.outcome import SCORES, render_outcome
 from flora.reward.rubric import Rubric, render_rubric
 
@@ -54,7 +60,11 @@ class GroundTruthRewardBackend(GroundTruthOracle):
             T = self._durations[i]
             w = _window(T, int(item.removeprefix("w")))
             labels, reasons = window_targets(w, T, self.gt.dense(i))
-            return VLMResponse(text=render_dense(labels, reasons), model=self.name)
+            try:
+                text = render_dense(labels, reasons)
+            except DenseError as e:  # ground truth outside the grammar: that window's failure
+                return VLMResponse(text="", error=f"oracle: {e}", model=self.name)
+            return VLMResponse(text=text, model=self.name)
         if mode == "rubric":
             rub, scores = self.gt.rubric(i)
             r = Rubric.model_validate(rub)

@@ -113,6 +113,28 @@ def test_dense_round_trip(seed):
     assert text.splitlines()[0] == f"worst: {min(labs)}"
 
 
+@pytest.mark.parametrize(
+    "why",
+    [
+        "gripper slips \u2014 cube drops",
+        "la pince glisse \u00e0 c\u00f4t\u00e9",
+        "x" * 501,
+        "a | b",
+    ],
+)
+def test_render_refuses_reasons_the_parser_would_refuse(why):
+    """The renderer writes SFT targets and the oracle's answers: a reason outside the
+    grammar (non-ASCII, over 500 characters, '|') is refused there, not rendered into a
+    target that every parse then rejects."""
+    labs = [3] * DENSE_GROUPS
+    labs[4] = 1
+    reasons = [""] * DENSE_GROUPS
+    with pytest.raises(DenseError, match="group 5"):
+        render_dense(labs, [*reasons[:4], why, *reasons[5:]])
+    ok = render_dense(labs, [*reasons[:4], "x" * 500, *reasons[5:]])
+    assert isinstance(parse_dense(ok), DenseOutput)
+
+
 def test_dense_round_trip_all_normal():
     out = parse_dense(render_dense([3] * 32))
     assert isinstance(out, DenseOutput) and out.worst == 3 and set(out.reasons) == {""}
