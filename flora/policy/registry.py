@@ -203,6 +203,22 @@ def register_policy(
     return str(mv.version)
 
 
+def policy_eval_set(report: Mapping[str, Any], dataset: str) -> dict[str, str]:
+    """The eval-set tags of an ``evaluate_policy`` report: the promotion gate compares
+    postfix_mse only between versions scored on the same episodes of the same data, with the
+    same seed and chunk count. A Hub dataset's id with its revision is part of the data
+    (another revision is other data); a local folder is named as the readers name it."""
+    from flora.data.dataset import HUB_DATASET, dataset_name
+    from model_registry.promotion import eval_set_tags
+
+    src = str(report.get("dataset", dataset))
+    data = [f"chunks={report.get('chunks')}", f"seed={report.get('seed')}"]
+    if HUB_DATASET.match(src) and not Path(src).exists():
+        data.append(f"hub={src}")
+    name = dataset_name(src)
+    return eval_set_tags([f"{name}/{int(i):06d}" for i in report["episodes"]], data)
+
+
 def register_step(
     checkpoint: str | Path,
     evaluation: str | Path,
@@ -235,21 +251,19 @@ def register_step(
         "flora.pipeline_run_id": pipeline_run_id,
     }
     if report.get("episodes") is not None:
-        from flora.data.dataset import dataset_name
-        from model_registry.promotion import eval_set_tags
-
         lineage["flora.eval_episodes"] = str(len(report["episodes"]))
         lineage["flora.eval_episode_ids"] = episode_ids_tag(report["episodes"])
         lineage["flora.eval_episode_source"] = str(report.get("episode_source", "unknown"))
-        # The promotion gate compares postfix_mse only between versions scored on the same
-        # episodes and chunks (the same dataset, episodes, seed and chunk count).
-        name = dataset_name(str(report.get("dataset", dataset)))
-        lineage |= eval_set_tags(
-            [f"{name}/{int(i):06d}" for i in report["episodes"]],
-            [f"chunks={report.get('chunks')}", f"seed={report.get('seed')}"],
-        )
+        lineage |= policy_eval_set(report, dataset)
     version = register_policy(uri, child, metrics, tags=lineage)
     return {"model_uri": uri, "version": version, "metrics": metrics}
 
 
-__all__ = ["NAME", "log_policy_model", "policy_metrics", "register_policy", "register_step"]
+__all__ = [
+    "NAME",
+    "log_policy_model",
+    "policy_eval_set",
+    "policy_metrics",
+    "register_policy",
+    "register_step",
+]

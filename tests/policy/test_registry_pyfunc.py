@@ -106,3 +106,25 @@ def test_largest_committed_prefix_is_accepted(model):
     prefix = [[float(i), -float(i)] for i in range(H // 2)]
     (c,) = _predict(model, [_row(prefix=json.dumps(prefix))])
     assert np.allclose(c[: H // 2], prefix)
+
+
+def test_policy_eval_sets_tell_hub_revisions_apart(tmp_path, monkeypatch):
+    """Two policies scored on the same episode numbers of two revisions of a Hub dataset
+    were scored on other data: their eval-set fingerprints differ; the same local folder
+    reached by two spellings is the same data."""
+    from flora.policy.registry import policy_eval_set
+    from model_registry.promotion import EVAL_SET_TAG
+
+    rep = {"episodes": [3, 4], "chunks": 240, "seed": 0}
+
+    def fp(dataset):
+        return policy_eval_set(rep, dataset)[EVAL_SET_TAG]
+
+    assert fp("lerobot/pusht@v1.0") != fp("lerobot/pusht@v2.0")
+    assert fp("lerobot/pusht@v1.0") == fp("lerobot/pusht@v1.0")
+    local = tmp_path / "pusht"
+    local.mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert fp(str(local)) == fp("pusht") == fp("./pusht")
+    assert fp(str(local)) != fp("lerobot/pusht@v1.0")
+    assert fp(str(local)) != policy_eval_set({**rep, "seed": 1}, str(local))[EVAL_SET_TAG]
