@@ -79,7 +79,8 @@ def score_tables(
     known = gt.episode_indices()
     eps = known if episodes is None else list(dict.fromkeys(int(i) for i in episodes))
     wanted = {f"{name}/{i:06d}" for i in eps}
-    with_gt = [i for i in eps if i in set(known)]
+    has_gt = set(known)
+    with_gt = [i for i in eps if i in has_gt]
 
     def table(t: str) -> pd.DataFrame:
         df = st.read(t) if rows is None or t not in rows else rows[t]
