@@ -137,16 +137,37 @@ def meta_path(root: Path, template: str, *, field: str, **where_and_values) -> P
     return root / rel
 
 
+def _is_numeric(t: pa.DataType) -> bool:
+    # An all-null column has Arrow type null: it reads as NaN, which validation reports.
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_null(t)
+    )
+
+
 def _vector_column(tbl: pa.Table, name: str, n: int, **where) -> np.ndarray:
-    """A list/fixed-size-list/scalar column as (N, D) float32; absent -> (N, 0)."""
+    """A list/fixed-size-list/scalar column as (N, D) float32; absent -> (N, 0).
+
+    Values must be numbers: a column of strings (or any other type) is a
+    ``FloraDataError`` naming the column, never a bare conversion error.
+    """
     if name not in tbl.column_names:
         return np.zeros((n, 0), np.float32)
     col = tbl.column(name).combine_chunks()
-    if (
+    is_list = (
         pa.types.is_list(col.type)
         or pa.types.is_fixed_size_list(col.type)
         or pa.types.is_large_list(col.type)
-    ):
+    )
+    value_type = col.type.value_type if is_list else col.type
+    if not _is_numeric(value_type):
+        raise FloraDataError(
+            f"vector column holds {value_type} values, not numbers", field=name, **where
+        )
+    if is_list:
         lens = pc.list_value_length(col).to_numpy(zero_copy_only=False)
         if len(lens) and (lens.min() != lens.max()):
             raise FloraDataError("vector column has rows of different lengths", field=name, **where)
@@ -163,6 +184,90 @@ def _names(feat: dict | None) -> list[str]:
     if isinstance(names, dict):  # older LeRobot: {"motors": [...]}
         names = [n for v in names.values() for n in (v if isinstance(v, list) else [v])]
     return [str(n) for n in names] if isinstance(names, list) else []
+
+
+def _chunks_size(info: dict, *, dataset: str, file: Path) -> int:
+    """``info.json`` ``chunks_size`` (default 1000) as a positive int.
+
+    Checked once when the dataset opens, so a null, non-numeric or zero value is a named
+    dataset error instead of a TypeError/ZeroDivisionError while loading every episode.
+    """
+    v = info.get("chunks_size", 1000)
+    # bool is an int subclass; an integral float (1000.0) is accepted as its int.
+    ok = not isinstance(v, bool) and (
+        isinstance(v, int) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())
+    )
+    if not ok or v <= 0:
+        raise FloraDataError(
+            f"chunks_size must be a positive integer, got {v!r}",
+            dataset=dataset,
+            file=file,
+            field="chunks_size",
+        )
+    return int(v)
+
+
+def _task_list(value: Any, **where) -> list[str] | None:
+    """An episode's ``tasks`` metadata value as a list of strings; None when absent.
+
+    A missing cell (None/NaN, e.g. one meta file of several lacks the column) is absent,
+    so the caller falls back to ``task_index``. A plain string is one task (joining its
+    characters would garble it); anything else that is not a list of strings is bad input.
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple | np.ndarray) and all(isinstance(t, str) for t in value):
+        return [str(t) for t in value]
+    raise FloraDataError(
+        f"tasks must be a list of strings, got {type(value).__name__} {value!r}"[:300],
+        field="tasks",
+        **where,
+    )
+
+
+def _episode_task(
+    value: Any, declared: bool, rows: pa.Table, tasks: dict[int, str], **where
+) -> str:
+    """The episode's task text: its ``tasks`` metadata, else its rows' ``task_index``.
+
+    ``declared``: the metadata has a ``tasks`` field for this episode. When that field is
+    null and ``task_index`` gives no task either, the task is lost: a named error rather
+    than a silent ``""``. A dataset without per-episode tasks keeps ``""``.
+    """
+    listed = _task_list(value, **where)
+    if listed:
+        return "; ".join(listed)
+    task = ""
+    if "task_index" in rows.column_names and rows.num_rows:
+        ti = rows.column("task_index")[0].as_py()
+        task = tasks.get(int(ti), "") if ti is not None else ""
+    if not task and declared and listed is None:
+        raise FloraDataError(
+            "episode has no tasks value and no task_index to look its task up by",
+            field="tasks",
+            **where,
+        )
+    return task
+
+
+def unexpected_episode_error(e: Exception, *, dataset: str, episode: int) -> FloraDataError:
+    """``e`` as the ``FloraDataError`` a per-episode step records for episode ``episode``.
+
+    A ``FloraDataError`` is returned as is; any other exception (a reader bug or input no
+    check foresaw) is wrapped, naming its type and message, so that ingest and validation
+    record it as that episode's failure and go on with the other episodes.
+    """
+    if isinstance(e, FloraDataError):
+        return e
+    err = FloraDataError(
+        f"unexpected {type(e).__name__}: {e}",
+        dataset=dataset,
+        episode=episode,
+    )
+    err.__cause__ = e
+    return err
 
 
 def read_tasks_parquet(path: Path, *, dataset: str | None = None) -> dict[int, str]:
@@ -326,7 +431,7 @@ class _LeRobotBase(Dataset):
                 file=self.info_path,
                 field="video_path",
             )
-        self.chunks_size = int(info.get("chunks_size", 1000))
+        self.chunks_size = _chunks_size(info, dataset=self.name, file=self.info_path)
         # Templates are checked once here (dummy values), so a bad one is a dataset error.
         for key, names in (("data_path", self.DATA_FIELDS), ("video_path", self.VIDEO_FIELDS)):
             # LeRobot writes "video_path": null when every camera is an image feature.
@@ -506,6 +611,8 @@ class LeRobotV30Dataset(_LeRobotBase):
                     field="episodes",
                 ) from e
         eps = pd.concat(frames, ignore_index=True)
+        # The file each concatenated row came from, so errors name the right file.
+        row_file = [f for f, fr in zip(files, frames, strict=True) for _ in range(len(fr))]
         need = ["episode_index", "length", "data/chunk_index", "data/file_index"]
         for key in self._video_keys:
             need += [
@@ -517,15 +624,24 @@ class LeRobotV30Dataset(_LeRobotBase):
                 raise FloraDataError(
                     "episode metadata column missing", dataset=self.name, file=files[0], field=c
                 )
-        if eps.episode_index.duplicated().any():
-            dup = int(eps.episode_index[eps.episode_index.duplicated()].iloc[0])
+        idx = eps.episode_index
+        if idx.isna().any():  # a file without the column: concat filled NaN
+            raise FloraDataError(
+                "episode metadata row without episode_index",
+                dataset=self.name,
+                file=row_file[int(np.flatnonzero(idx.isna().to_numpy())[0])],
+                field="episode_index",
+            )
+        if idx.duplicated().any():
+            pos = int(np.flatnonzero(idx.duplicated().to_numpy())[0])
             raise FloraDataError(
                 "duplicate episode in metadata",
                 dataset=self.name,
-                episode=dup,
-                file=files[0],
+                episode=int(idx.iloc[pos]),
+                file=row_file[pos],
                 field="episode_index",
             )
+        self._ep_files: dict[int, Path] = {int(i): f for i, f in zip(idx, row_file, strict=True)}
         self.episodes_meta = eps.set_index("episode_index", drop=False).sort_index()
         self._ep_file = files[0]
         self._tasks = self._read_tasks()
@@ -541,9 +657,10 @@ class LeRobotV30Dataset(_LeRobotBase):
 
     def _load(self, i: int) -> Episode:
         m = self.episodes_meta.loc[i]
+        meta_file = self._ep_files.get(i, self._ep_file)
 
         def num(col: str, whole: bool = True) -> Any:
-            where = {"dataset": self.name, "episode": i, "file": self._ep_file}
+            where = {"dataset": self.name, "episode": i, "file": meta_file}
             return _meta_number(m, col, whole=whole, **where)
 
         dc, df_ = num("data/chunk_index"), num("data/file_index")
@@ -567,13 +684,15 @@ class LeRobotV30Dataset(_LeRobotBase):
                 field="episode_index",
             )
         rows = tbl.filter(pc.equal(tbl.column("episode_index"), i))
-        tasks = m.get("tasks") if "tasks" in m.index else None
-        if tasks is not None and len(tasks):
-            task = "; ".join(str(t) for t in tasks)
-        elif "task_index" in rows.column_names and rows.num_rows:
-            task = self._tasks.get(int(rows.column("task_index")[0].as_py()), "")
-        else:
-            task = ""
+        task = _episode_task(
+            m.get("tasks") if "tasks" in m.index else None,
+            "tasks" in m.index,
+            rows,
+            self._tasks,
+            dataset=self.name,
+            episode=i,
+            file=meta_file,
+        )
         length = num("length")
         cams = {}
         roles = self.camera_roles
@@ -601,7 +720,7 @@ class LeRobotV30Dataset(_LeRobotBase):
                     f"bad video span [{t0}, {t1}) µs",
                     dataset=self.name,
                     episode=i,
-                    file=self._ep_file,
+                    file=meta_file,
                     field=f"videos/{key}/to_timestamp",
                 )
             w, h = self._video_size(key)
@@ -611,7 +730,7 @@ class LeRobotV30Dataset(_LeRobotBase):
 
 
 def _meta_number(
-    m: pd.Series, col: str, *, whole: bool = True, dataset: str, episode: int, file: Path
+    m: pd.Series | dict, col: str, *, whole: bool = True, dataset: str, episode: int, file: Path
 ) -> Any:
     """One cell of an episode's metadata row as a finite number (an int where ``whole``).
 
@@ -667,7 +786,7 @@ class LeRobotV21Dataset(_LeRobotBase):
         self.episodes_meta: dict[int, dict] = {}
 
         def add_episode(d: dict) -> None:
-            int(d["length"])
+            d["length"]  # noqa: B018 - required; its value is checked per episode (_load)
             self.episodes_meta[int(d["episode_index"])] = d
 
         _read_jsonl(p, add_episode, dataset=self.name, field="episode_index/length")
@@ -699,11 +818,10 @@ class LeRobotV21Dataset(_LeRobotBase):
         rows = self._read_table(path, i)
         if "episode_index" in rows.column_names:
             rows = rows.filter(pc.equal(rows.column("episode_index"), i))
-        tasks = m.get("tasks") or []
-        task = "; ".join(str(t) for t in tasks)
-        if not task and "task_index" in rows.column_names and rows.num_rows:
-            task = self._tasks.get(int(rows.column("task_index")[0].as_py()), "")
-        length = int(m["length"])
+        where = {"dataset": self.name, "episode": i, "file": self._ep_file}
+        task = _episode_task(m.get("tasks"), "tasks" in m, rows, self._tasks, **where)
+        # As v3.0: a fractional, null or non-numeric length is this episode's bad input.
+        length = _meta_number(m, "length", **where)
         cams = {}
         roles = self.camera_roles
         dur = int(round(length * 1e6 / self._fps))
@@ -757,27 +875,43 @@ class Mp4FolderDataset(Dataset):
     A file ``a.b.mp4`` is camera ``b`` of episode ``a`` when another file shares the stem
     ``a`` or ``b`` is a common camera word (top, wrist, front, ...); otherwise the whole
     name is the episode and its single camera key is ``video``. Episodes are indexed in
-    sorted name order. There is no state/action: those arrays have zero columns.
+    sorted name order. The ``.mp4`` suffix matches in any case (``.MP4`` from cameras
+    and phones); two files that would give the same episode and camera (``a.mp4`` and
+    ``a.MP4``) are refused. There is no state/action: those arrays have zero columns.
     """
 
     format = "mp4_folder"
 
     def __init__(self, root: Path, files: list[Path]) -> None:
         super().__init__(root)
+        files = sorted(files, key=lambda f: f.name)  # ids must not depend on listing order
         stems: dict[str, int] = {}
         for f in files:
             base = f.name[:-4]
             if "." in base:
                 stems[base.rsplit(".", 1)[0]] = stems.get(base.rsplit(".", 1)[0], 0) + 1
         groups: dict[str, dict[str, Path]] = {}
+
+        def put(name: str, cam: str, f: Path) -> None:
+            # Silently keeping one of two files would drop an episode's video.
+            if cam in groups.setdefault(name, {}):
+                raise FloraDataError(
+                    f"{groups[name][cam].name} and {f.name} both give episode {name!r} "
+                    f"camera {cam!r}; rename one",
+                    dataset=self.name,
+                    file=f,
+                    field="file name",
+                )
+            groups[name][cam] = f
+
         for f in files:
             base = f.name[:-4]
             if "." in base:
                 stem, cam = base.rsplit(".", 1)
                 if stems.get(stem, 0) > 1 or cam.lower() in _KNOWN_CAMS:
-                    groups.setdefault(stem, {})[cam] = f
+                    put(stem, cam, f)
                     continue
-            groups.setdefault(base, {})["video"] = f
+            put(base, "video", f)
         self.names = sorted(groups)
         self.files = groups
         keys = sorted({k for g in groups.values() for k in g})
@@ -1003,7 +1137,15 @@ def _open_root(root: Path) -> Dataset:
             file=info_path,
             field="codebase_version",
         )
-    files = sorted(p for p in root.glob("*.mp4") if p.is_file())
+    # Case-insensitive suffix: cameras and phones write .MP4.
+    files = sorted(
+        (
+            p
+            for p in (root.iterdir() if root.is_dir() else ())
+            if p.suffix.lower() == ".mp4" and p.is_file()
+        ),
+        key=lambda p: p.name,
+    )
     if files:
         return Mp4FolderDataset(root, files)
     raise FloraDataError(

@@ -88,6 +88,24 @@ class GroundTruth:
                 field="episode_index",
             )
 
+    def _error(self, message: str, i: int, name: str, field: str) -> FloraDataError:
+        """A ``FloraDataError`` about episode ``i`` in ``ground_truth/<name>``."""
+        return FloraDataError(
+            message,
+            dataset=self.root.name,
+            episode=i,
+            file=self.root / "ground_truth" / name,
+            field=field,
+        )
+
+    def _rows(self, groups: dict[int, pd.DataFrame], i: int, name: str) -> pd.DataFrame:
+        """Episode ``i``'s rows of a per-episode table every episode has rows in."""
+        self._check(i)
+        g = groups.get(i)
+        if g is None:  # has an outcome row but none here: the ground truth is incomplete
+            raise self._error(f"episode has no rows in {name}", i, name, "episode_index")
+        return g
+
     def events(self, i: int) -> list[GTEvent]:
         """Ground-truth events of episode i, sorted by start."""
         self._check(i)
@@ -96,10 +114,19 @@ class GroundTruth:
             return []
         out = []
         for r in g.sort_values("start_us").itertuples(index=False):
-            reqs = [
-                Requirement(str(q["family"]), str(q["text"]), float(q["mass"]))
-                for q in json.loads(r.requirements)
-            ]
+            try:
+                reqs = [
+                    Requirement(str(q["family"]), str(q["text"]), float(q["mass"]))
+                    for q in json.loads(r.requirements)
+                ]
+            except (TypeError, ValueError, KeyError) as e:  # JSONDecodeError is a ValueError
+                raise self._error(
+                    f"requirements of the event at {r.start_us} µs are not a JSON list of "
+                    f'{{"family", "text", "mass"}} ({type(e).__name__}: {e})',
+                    i,
+                    "events.parquet",
+                    "requirements",
+                ) from e
             out.append(
                 GTEvent(
                     int(r.start_us),
@@ -115,8 +142,7 @@ class GroundTruth:
 
     def dense(self, i: int) -> list[tuple[int, int, str]]:
         """(t_us, label, reason) per 0.5 s group of episode i."""
-        self._check(i)
-        g = self._dense[i].sort_values("t_us")
+        g = self._rows(self._dense, i, "dense.parquet").sort_values("t_us")
         return [
             (int(t), int(lab), str(rs))
             for t, lab, rs in zip(g.t_us, g.label, g.reason, strict=True)
@@ -138,9 +164,16 @@ class GroundTruth:
 
     def rubric(self, i: int) -> tuple[dict, dict[str, float]]:
         """(rubric of the episode's task family, {step name: score})."""
-        self._check(i)
-        g = self._rubric[i]
+        g = self._rows(self._rubric, i, "rubric_scores.parquet")
         fam = str(g.task.iloc[0])
+        if fam not in self.rubrics:
+            raise self._error(
+                f"rubric family {fam!r} (rubric_scores.parquet column task) is not in "
+                f"rubric.json (families: {sorted(self.rubrics)})",
+                i,
+                "rubric.json",
+                "task",
+            )
         return self.rubrics[fam], {str(s): float(v) for s, v in zip(g.step, g.score, strict=True)}
 
 
@@ -180,7 +213,20 @@ def load_ground_truth(root: str | Path) -> GroundTruth:
     rp = gt / "rubric.json"
     if not rp.exists():
         raise FloraDataError("ground truth file missing", dataset=root.name, file=rp)
-    return GroundTruth(root, tables, json.loads(rp.read_text()))
+    try:
+        rubrics = json.loads(rp.read_text())
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise FloraDataError(
+            f"rubric.json is not valid JSON ({e})", dataset=root.name, file=rp, field="rubric.json"
+        ) from e
+    if not isinstance(rubrics, dict):
+        raise FloraDataError(
+            "rubric.json must be an object {family: rubric}",
+            dataset=root.name,
+            file=rp,
+            field="rubric.json",
+        )
+    return GroundTruth(root, tables, rubrics)
 
 
 def write_ground_truth(root: Path, rollouts: dict[int, object]) -> Path:

@@ -3,7 +3,8 @@
 One row per episode: ``episode_id, dataset, episode_index, task, duration_us, fps,
 n_frames, cameras, status ("ok"/"error"), error``. A bad episode is recorded with the
 ``FloraDataError`` message (naming dataset/episode/file/field) and the others still
-ingest. Checking an episode means loading it (metadata, data rows, timestamps) and
+ingest; any other exception raised for one episode is recorded the same way, with its
+type and message. Checking an episode means loading it (metadata, data rows, timestamps) and
 decoding the first and last frame of every camera over its span, which catches missing,
 unreadable and truncated video files without decoding everything.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from flora.data.dataset import Dataset, open_dataset
+from flora.data.dataset import Dataset, open_dataset, unexpected_episode_error
 from flora.data.episode import Episode, FloraDataError
 from flora.data.frames import sample_frames
 
@@ -103,8 +104,8 @@ def ingest_dataset(
 ) -> IngestResult:
     """Check every episode of a dataset and return the manifest (optionally written).
 
-    A dataset that cannot be opened at all raises FloraDataError; a bad episode only marks
-    its own row ``status="error"``.
+    A dataset that cannot be opened at all raises FloraDataError; a bad episode (any
+    ``Exception`` raised loading or checking it) only marks its own row ``status="error"``.
     """
     ds = open_dataset(path, revision=revision)
     rows = []
@@ -131,8 +132,9 @@ def ingest_dataset(
                 cameras=",".join(sorted(ep.cameras)),
             )
             check_episode(ep)
-        except FloraDataError as e:
-            row.update(status="error", error=str(e))
+        except Exception as e:  # noqa: BLE001 - one episode's failure must not stop the run
+            err = unexpected_episode_error(e, dataset=ds.name, episode=i)
+            row.update(status="error", error=str(err))
         rows.append(row)
     man = pd.DataFrame(rows, columns=MANIFEST_COLUMNS).astype(
         {

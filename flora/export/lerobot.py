@@ -14,11 +14,15 @@ JSON), and ``meta/info.json`` declares the feature as LeRobot does:
 rubric, curation decisions, mixture: one Parquet file each), their recorded failures and
 a ``manifest.json`` (row counts, run ids, sha256 of every file).
 
-The source dataset is never modified unless ``in_place``. ``out`` may be missing or empty;
-an earlier export there (its owner marker ``.flora-output.json``, kind ``lerobot export``)
-is replaced only with ``overwrite``; anything else there (a dataset, a file) is refused
-with :class:`flora.safety.OutputDirError`, even with ``overwrite``. The export is assembled
-in a sibling temp folder and renamed into place, so a failed export leaves nothing half
+The source dataset is never modified unless ``in_place``. An in-place export replaces
+the files of an earlier one: files its ``manifest.json`` listed that the new export does
+not write are removed; files no manifest listed (the user's) are left alone.
+
+``out`` may be missing or empty; an earlier export there (its owner marker
+``.flora-output.json``, kind ``lerobot export``) is replaced only with ``overwrite``;
+anything else there (a dataset, a file) is refused with
+:class:`flora.safety.OutputDirError`, even with ``overwrite``. The export is assembled in
+a sibling temp folder and renamed into place, so a failed export leaves nothing half
 written and the earlier export stays until the new one is complete.
 """
 
@@ -30,7 +34,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pandas as pd
@@ -158,6 +162,36 @@ def _write_annotations(dst: Path, ann: Any, mixture_path: Path | None) -> dict[s
     return counts
 
 
+def _manifest_files(d: Path) -> set[str]:
+    """The files the ``manifest.json`` in annotations folder ``d`` lists (and itself);
+    empty when there is none or it is unreadable (then nothing counts as Flora's)."""
+    try:
+        listed = json.loads((d / "manifest.json").read_text()).get("sha256", {})
+    except (OSError, ValueError, AttributeError):
+        return set()
+    if not isinstance(listed, dict):
+        return set()
+    return {str(rel) for rel in listed} | {"manifest.json"}
+
+
+def _remove_stale_annotations(d: Path, old: set[str], new: set[str]) -> None:
+    """Delete files of annotations folder ``d`` an earlier export listed and this one does
+    not (a table or mixture no longer exported), so no stale annotation ships unlisted.
+
+    Only names in ``old`` are touched: a file no manifest listed is the user's and stays.
+    A listed name that is not a plain relative path inside ``d`` is skipped.
+    """
+    base = d.resolve()
+    for rel in sorted(old - new):
+        pp = PurePosixPath(rel)
+        if pp.is_absolute() or ".." in pp.parts:
+            continue
+        p = d / pp
+        if base not in p.resolve().parents or p.is_symlink() or not p.is_file():
+            continue
+        p.unlink()
+
+
 def _in_flora_exports(target: Path) -> bool:
     """True for a folder under ``FLORA_HOME/outputs/exports`` (the DAG's and the demo's
     export folder), where only Flora writes: there an export from before the owner marker
@@ -268,6 +302,8 @@ def export_lerobot(
         (work / "meta" / "info.json").write_text(json.dumps(info, indent=2) + "\n")
         counts = _write_annotations(work, ann, Path(mixture) if mixture else None)
         if in_place:
+            old_files = _manifest_files(src / ANNOTATIONS_DIR)
+            new_files = _manifest_files(work / ANNOTATIONS_DIR)
             for p in sorted(work.rglob("*")):
                 if p.is_file():
                     dst = src / p.relative_to(work)
@@ -276,6 +312,8 @@ def export_lerobot(
                         shutil.rmtree(dst)
                     os.replace(p, dst)
             shutil.rmtree(work)
+            # After the new files are in place: the earlier export's leftovers go.
+            _remove_stale_annotations(src / ANNOTATIONS_DIR, old_files, new_files)
         else:
             _promote(work, target, overwrite)
     except BaseException:

@@ -20,8 +20,9 @@ placeholder or leaving the dataset root) are raised by the readers as named
 ``FloraDataError``s and become ``load`` issues (see docs/validation.md).
 
 An episode the reader cannot even load (bad Parquet, missing video, broken timestamps)
-becomes an issue carrying the reader's ``FloraDataError`` fields; every other episode is
-still validated. Each failed expectation becomes one issue per failing episode, naming
+becomes an issue carrying the reader's ``FloraDataError`` fields; any other exception
+raised for one episode becomes a ``load`` issue naming its type and message; every other
+episode is still validated. Each failed expectation becomes one issue per failing episode, naming
 dataset, episode, file and field.
 """
 
@@ -493,7 +494,7 @@ def data_file_of(ds: Any, index: int) -> str | None:
         else:
             return None
         return str(meta_path(ds.root, info["data_path"], field="data_path", **values))
-    except (KeyError, ValueError, TypeError, IndexError, FloraDataError):
+    except (KeyError, ValueError, TypeError, IndexError, ZeroDivisionError, FloraDataError):
         return None
     return None
 
@@ -559,6 +560,7 @@ def validate_dataset(
     are the episodes downstream steps may use.
     """
     from flora.data import open_dataset
+    from flora.data.dataset import unexpected_episode_error
 
     root = Path(path)
     try:
@@ -578,15 +580,18 @@ def validate_dataset(
         files[i] = data_file_of(ds, i)
         try:
             ep = ds.episode(i)
-        except FloraDataError as e:
+            # Built before any is kept, so a failing episode adds no partial rows.
+            ep_rows = (frames_table(ep), episode_row(ep, declared), camera_rows(ep))
+        except Exception as e:  # noqa: BLE001 - one episode's failure must not stop the run
+            err = unexpected_episode_error(e, dataset=ds.name, episode=i)
             report.issues.append(
-                EpisodeIssue(ds.name, i, e.file or files[i], e.field, "load", e.reason)
+                EpisodeIssue(ds.name, i, err.file or files[i], err.field, "load", err.reason)
             )
             continue
         index_of[ep.episode_id] = i
-        frames.append(frames_table(ep))
-        episodes.append(episode_row(ep, declared))
-        cameras.extend(camera_rows(ep))
+        frames.append(ep_rows[0])
+        episodes.append(ep_rows[1])
+        cameras.extend(ep_rows[2])
 
     if not frames:  # nothing loadable: the tables would be empty, the issues say why
         if not report.issues:

@@ -122,3 +122,52 @@ def test_outcome_and_rubric(gt):
     with pytest.raises(FloraDataError) as ei:
         gt.outcome(9)
     assert ei.value.field == "episode_index" and ei.value.episode == 9
+
+
+def _edit_gt(root, name, fn):
+    p = root / "ground_truth" / name
+    fn(pd.read_parquet(p)).to_parquet(p, index=False)
+    return p
+
+
+def test_incomplete_ground_truth_is_named_error(damaged):
+    """An episode with an outcome but no dense / rubric rows, a rubric family missing from
+    rubric.json and malformed requirements JSON used to be a bare KeyError or
+    JSONDecodeError; each names dataset, episode, file and field."""
+    dense = _edit_gt(damaged, "dense.parquet", lambda d: d[d.episode_index != 1])
+    scores = _edit_gt(damaged, "rubric_scores.parquet", lambda d: d[d.episode_index != 1])
+
+    def unknown_family(d):
+        d.loc[d.episode_index == 2, "task"] = "unknown_family"
+        return d
+
+    _edit_gt(damaged, "rubric_scores.parquet", unknown_family)
+
+    def bad_json(d):
+        d.loc[d.index[d.episode_index == 0][0], "requirements"] = "not json"
+        return d
+
+    events = _edit_gt(damaged, "events.parquet", bad_json)
+    gt = load_ground_truth(damaged)
+    name = damaged.name
+    cases = [
+        (lambda: gt.dense(1), 1, dense, "episode_index", "no rows in dense.parquet"),
+        (lambda: gt.rubric(1), 1, scores, "episode_index", "no rows in rubric_scores"),
+        (lambda: gt.rubric(2), 2, damaged / "ground_truth/rubric.json", "task", "unknown_family"),
+        (lambda: gt.events(0), 0, events, "requirements", "JSONDecodeError"),
+    ]
+    for call, ep, file, field, text in cases:
+        with pytest.raises(FloraDataError, match=text) as ei:
+            call()
+        e = ei.value
+        assert (e.dataset, e.episode, e.file, e.field) == (name, ep, str(file), field)
+    # What is intact still reads.
+    assert gt.dense(0) and gt.rubric(0)[1] and gt.events(1)
+
+
+def test_malformed_rubric_json_is_named_error(damaged):
+    p = damaged / "ground_truth" / "rubric.json"
+    p.write_text("{not json")
+    with pytest.raises(FloraDataError, match="not valid JSON") as ei:
+        load_ground_truth(damaged)
+    assert ei.value.file == str(p)

@@ -232,3 +232,34 @@ def test_export_ships_this_datasets_rows_and_curation_only(tiny_dataset, oracle_
     assert all(not f["episode_id"].startswith("other_fleet/") for f in fails)
     assert len(shipped["curation"]) == len(cur.decisions) == res.tables["curation"]
     assert TableStore(tables).pending("curation") == []  # decisions committed, not pending
+
+
+def test_in_place_export_again_removes_its_stale_files_keeps_the_users(
+    tiny_dataset, oracle_tables, tmp_path
+):
+    """A second --in-place export that no longer writes captions or a mixture removes the
+    files of the first export its manifest does not list (they used to stay, unlisted,
+    next to the fresh ones); a file of the user's in flora_annotations/ stays."""
+    from flora.export.lerobot import ANNOTATIONS_DIR, export_lerobot, read_annotations
+
+    src = tmp_path / tiny_dataset.name
+    shutil.copytree(tiny_dataset, src)
+    tables = tmp_path / "tables"
+    shutil.copytree(oracle_tables, tables)
+    mix = tmp_path / "mixture.parquet"
+    pd.DataFrame({"episode_id": [f"{src.name}/000000"], "weight": [1.0]}).to_parquet(mix)
+    export_lerobot(src, tables, in_place=True, mixture=mix)
+    ann = src / ANNOTATIONS_DIR
+    first = {p.relative_to(ann).as_posix() for p in ann.rglob("*") if p.is_file()}
+    assert {"captions.parquet", "_failures/captions.json", "mixture.parquet"} <= first
+    (ann / "NOTES.md").write_text("mine")  # the user's, listed by no manifest
+    (ann / "_failures" / "keep.txt").write_text("mine too")
+
+    shutil.rmtree(tables / "captions")
+    export_lerobot(src, tables, in_place=True)
+    files = {p.relative_to(ann).as_posix() for p in ann.rglob("*") if p.is_file()}
+    listed = set(json.loads((ann / "manifest.json").read_text())["sha256"])
+    assert files == listed | {"manifest.json", "NOTES.md", "_failures/keep.txt"}
+    assert not {"captions.parquet", "_failures/captions.json", "mixture.parquet"} & files
+    assert (ann / "NOTES.md").read_text() == "mine"
+    assert sorted(read_annotations(src)) == ["dense_labels", "events", "outcome"]
