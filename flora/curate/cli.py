@@ -15,7 +15,12 @@ from flora.cli_common import parse_episodes
 
 DatasetArg = Annotated[Path, typer.Argument(help="Dataset root (task/robot metadata).")]
 TablesOpt = Annotated[
-    Path | None, typer.Option(help="Annotation tables root (default: FLORA_HOME/outputs).")
+    Path | None,
+    typer.Option(
+        help="Annotation tables root (default: FLORA_HOME/outputs).",
+        exists=True,
+        file_okay=False,
+    ),
 ]
 OutOpt = Annotated[Path | None, typer.Option(help="Output root (default: the tables root).")]
 
@@ -53,7 +58,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         except RulesError as e:
             raise typer.BadParameter(str(e), param_hint="--rules") from e
         except EmptyMixtureError as e:
-            typer.echo(f"error: {e}", err=True)
+            typer.echo(f"flora curate: error: {e}", err=True)
             raise typer.Exit(1) from e
         if dvc_repo is not None:
             res.summary["dvc"] = version_with_dvc(res.mixture_path, dvc_repo, res.dataset)

@@ -18,6 +18,11 @@ A table the rules need may be missing for an episode (its step failed or did not
 the rule is then not applied, and the reason says which table is missing and, when the
 step recorded one, why (``outcome.on_missing: drop`` drops such episodes instead). NaN
 rewards count as missing. Reasons are ``"; "``-joined verdicts, one per rule.
+
+The whole-episode item is judged by the outcome, dense and suboptimal rules like any
+segment, but not by the segment duration rules (the segmenter did not cut it). Time the
+dense labels do not cover (a failed dense window) is not judged by them; an item
+overlapping it says so (``dense: no labels for [a, b) s``).
 """
 
 from __future__ import annotations
@@ -36,7 +41,11 @@ from flora.curate.sources import Annotations
 
 DENSE_GROUP_US = 500_000
 CURATION_MODEL = "flora-curate"
-_EVENT_ITEM = re.compile(r"^event (\d+)\b")
+#: A failure record's item naming an interval: ``event 3 [2000000, 3500000) µs`` (captions,
+#: ``flora.caption.run``) or ``window 1 [6000000, 10000000) us`` (dense labels,
+#: ``flora.reward.run``); the interval may be ``[?, ?)`` when the event had none.
+_ITEM = re.compile(r"^(?P<kind>event|window) (?P<index>\d+)\b"
+                   r"(?: \[(?P<start>\d+), (?P<end>\d+)\) (?:µs|us)\b)?")  # fmt: skip
 _LEAD = re.compile(r"^(?:caption:\s*)?(?:(?:attempt|try|fail) to\s+)?", re.IGNORECASE)
 
 
@@ -50,6 +59,20 @@ class Span:
     reason: str
 
 
+def item_interval(item: str) -> tuple[str, int, int | None, int | None] | None:
+    """``(kind, index, start_us, end_us)`` of a failure record's item, or None.
+
+    ``kind`` is ``event`` or ``window``; start/end are None when the item names no
+    interval (old records, or ``[?, ?)``).
+    """
+    m = _ITEM.match(str(item))
+    if m is None:
+        return None
+    s, e = m.group("start"), m.group("end")
+    return (m.group("kind"), int(m.group("index")),
+            int(s) if s is not None else None, int(e) if e is not None else None)  # fmt: skip
+
+
 def caption_verb(caption: Any) -> str | None:
     """The action verb of a caption: its first word (after "attempt to"), lower case."""
     if not isinstance(caption, str) or not caption.strip():
@@ -61,25 +84,43 @@ def caption_verb(caption: Any) -> str | None:
 
 
 def dense_spans(rows: pd.DataFrame, duration_us: int, min_span_us: int = 0) -> list[Span]:
-    """Merge one episode's dense labels into failure/suboptimal spans (clipped to T)."""
+    """Merge one episode's dense labels into failure/suboptimal spans (clipped to T).
+
+    ``min_span_us`` is compared with a span's uncut length (its groups × 0.5 s): the last
+    group, clipped at T, still counts as one whole group.
+    """
     if rows is None or len(rows) == 0:
         return []
-    out: list[Span] = []
-    cur: list[Any] | None = None
+    out: list[tuple[Span, int]] = []  # (span, uncut length)
+    cur: list[Any] | None = None  # [start, end (clipped), label, reason, uncut end]
     for t, lab, rs in sorted(zip(rows.t_us, rows.label, rows.reason, strict=True)):
         t, lab = int(t), int(lab)
         end = min(t + DENSE_GROUP_US, int(duration_us)) if duration_us else t + DENSE_GROUP_US
         if lab in (1, 2) and cur is not None and cur[2] == lab and cur[1] >= t:
-            cur[1] = end
+            cur[1], cur[4] = end, t + DENSE_GROUP_US
             continue
         if cur is not None:
-            out.append(Span(*cur))
+            out.append((Span(*cur[:4]), cur[4] - cur[0]))
             cur = None
         if lab in (1, 2):
-            cur = [t, end, lab, str(rs or "")]
+            cur = [t, end, lab, str(rs or ""), t + DENSE_GROUP_US]
     if cur is not None:
-        out.append(Span(*cur))
-    return [s for s in out if s.end_us - s.start_us >= min_span_us and s.end_us > s.start_us]
+        out.append((Span(*cur[:4]), cur[4] - cur[0]))
+    return [s for s, uncut in out if uncut >= min_span_us and s.end_us > s.start_us]
+
+
+def unlabelled(rows: pd.DataFrame, duration_us: int) -> list[tuple[int, int]]:
+    """``[a, b)`` µs intervals of ``[0, T)`` no dense row covers (a row covers its 0.5 s
+    group): the times a failed dense window sourced (``flora.reward.run``)."""
+    gaps: list[tuple[int, int]] = []
+    at = 0
+    for t in sorted({int(x) for x in rows.t_us}):
+        if t > at:
+            gaps.append((at, min(t, int(duration_us))))
+        at = max(at, t + DENSE_GROUP_US)
+    if at < duration_us:
+        gaps.append((at, int(duration_us)))
+    return [(a, b) for a, b in gaps if b > a]
 
 
 def _overlap(a0: int, a1: int, spans: Sequence[Span]) -> tuple[int, Span | None]:
@@ -103,6 +144,15 @@ def _missing(ann: Annotations, table: str, eid: str) -> str:
     if not ann.present(table):
         return f"{table}: missing (table not produced)"
     return f"{table}: missing (episode not processed)"
+
+
+def _gap_why(ann: Annotations, eid: str, a: int, b: int) -> str:
+    """`` (window …: reason)`` of the recorded dense failure overlapping ``[a, b)``."""
+    for f in ann.failed("dense_labels", eid):
+        it = item_interval(f.item)
+        if it is not None and it[2] is not None and min(b, it[3]) > max(a, it[2]):
+            return f" ({f.item}: {f.reason[:160]})"
+    return ""
 
 
 def _by_episode(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -185,10 +235,12 @@ def _decide_episode(
 
     # Dense spans.
     spans: list[Span] = []
+    gaps: list[tuple[int, int]] = []
     if de is not None and len(de):
         spans = dense_spans(de, T, int(rules.dense.min_span_s * 1e6))
         n_fail = sum(s.label == 1 for s in spans)
         notes.append(f"dense: {n_fail} failure / {len(spans) - n_fail} suboptimal spans")
+        gaps = unlabelled(de, T)
     else:
         notes.append(_missing(ann, "dense_labels", eid) + "; spans not applied")
     fail_spans = [
@@ -205,11 +257,12 @@ def _decide_episode(
     # another interval is stale, not this event's.
     caps = captions_by_event(cap)
     written = {k: (s, e) for k, s, e in caps}  # the interval each index was captioned for
-    rejected: dict[int, str] = {}
+    # A rejection names the interval it was for, too: one of another interval is stale.
+    rejected: dict[int, list[tuple[int | None, int | None, str, str]]] = {}
     for f in ann.failed("captions", eid):
-        mm = _EVENT_ITEM.match(f.item)
-        if mm:
-            rejected[int(mm.group(1))] = f.reason
+        it = item_interval(f.item)
+        if it is not None and it[0] == "event":
+            rejected.setdefault(it[1], []).append((it[2], it[3], f.reason, f.item))
     episode_sources = [("outcome", oc), ("dense_labels", de), ("rubric", rb)]
 
     items: list[tuple[int, int, int, pd.DataFrame | None]] = []
@@ -227,22 +280,32 @@ def _decide_episode(
         fail_r = [ep_fail] if ep_fail else []
         drop_r = [ep_drop] if ep_drop else []
         dur = e - s
-        if k >= 0 and fail_spans:
+        # The whole-episode item (k < 0) meets the dense rules like a segment does.
+        if fail_spans:
             ov, sp = _overlap(s, e, fail_spans)
             if ov > rules.dense.failure_overlap * dur and sp is not None:
                 where = f"[{_sec(sp.start_us)}, {_sec(sp.end_us)})"
+                what = "segment" if k >= 0 else "episode"
                 fail_r.append(f"dense: overlaps label-{sp.label} span {where} '{sp.reason}' "
-                              f"({ov / dur:.0%} of segment)")  # fmt: skip
-        if k >= 0 and sub_spans and rules.dense.suboptimal == "drop":
+                              f"({ov / dur:.0%} of {what})")  # fmt: skip
+        if sub_spans and rules.dense.suboptimal == "drop":
             ov, sp = _overlap(s, e, sub_spans)
             if ov > 0 and sp is not None:
                 drop_r.append(f"dense: overlaps suboptimal span '{sp.reason}'")
+        # Duration rules judge the segmenter's cuts; the whole episode is no such cut
+        # (the episode rule, min_episode_s, judges it).
         if k >= 0 and dur < rules.duration.min_segment_s * 1e6:
             drop_r.append(f"duration: segment {_sec(dur)} < {rules.duration.min_segment_s} s")
         if k >= 0 and dur > rules.duration.max_segment_s * 1e6:
             drop_r.append(f"duration: segment {_sec(dur)} > {rules.duration.max_segment_s} s")
+        for a, b in gaps:
+            if min(e, b) > max(s, a):
+                reasons.append(f"dense: no labels for [{max(s, a) / 1e6:.2f}, "
+                               f"{min(e, b) / 1e6:.2f}) s{_gap_why(ann, eid, a, b)}")  # fmt: skip
         # Caption quality (pretraining only).
         got = written.get(k) if k >= 0 else None
+        rej = rejected.get(k, []) if k >= 0 else []
+        rej_now = [r for r in rej if (r[0], r[1]) == (s, e)]
         c = caps.get((k, s, e)) if k >= 0 else None
         caption = str(c) if c is not None else None
         if k < 0:
@@ -258,11 +321,15 @@ def _decide_episode(
             status, cap_ok = "missing", False
             cap_r = (f"caption: stale, written for [{got[0]}, {got[1]}) µs (the episode was "
                      "segmented again since it was captioned)")  # fmt: skip
-        elif k in rejected:
+        elif rej_now:
             status, cap_ok = "rejected", False
-            cap_r = f"caption: rejected ({rejected[k][:160]})"
+            cap_r = f"caption: rejected ({rej_now[0][2][:160]})"
             if rules.caption.on_rejected == "drop":
                 drop_r.append(f"{cap_r}; on_rejected=drop")
+        elif rej:  # recorded for another interval (or none): not this segment's
+            status, cap_ok = "missing", False
+            cap_r = (f"caption: stale rejection, recorded for '{rej[0][3]}' (the episode "
+                     "was segmented again since it was captioned)")  # fmt: skip
         else:
             status, cap_ok = "missing", False
             cap_r = _missing(ann, "captions", eid)
@@ -327,5 +394,7 @@ __all__ = [
     "decide",
     "dense_spans",
     "episode_failed",
+    "item_interval",
     "summarize",
+    "unlabelled",
 ]

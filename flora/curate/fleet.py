@@ -145,9 +145,11 @@ def drift_by_window(
 ) -> list[DriftResult]:
     """Per value of ``by``: recent rewards against the baseline's, in calendar-day windows.
 
-    Recent: the ``recent_days`` calendar days ending at the last day with data; baseline:
-    the ``baseline_days`` calendar days just before them (however sparse the data, never
-    older days). A baseline window without data reports insufficient data (not fired).
+    Recent: the ``recent_days`` calendar days ending at that value's own last day with data
+    (a robot that stopped reporting a day early is judged on its own last days, not on an
+    empty fleet-wide window); baseline: the ``baseline_days`` calendar days just before
+    them (however sparse the data, never older days). A baseline window without data
+    reports insufficient data (not fired).
     Days are the ``day`` column (``YYYY-MM-DD``); rows with day ``unknown`` (or any value
     that is not such a date) are not windowed.
     """
@@ -158,10 +160,10 @@ def drift_by_window(
     if n_days < 2:
         return [DriftResult(False, math.nan, math.nan, math.nan, 0, 0, method, alpha,
                             f"need at least two days of outcomes, have {n_days}")]  # fmt: skip
-    recent_start = d["_date"].max() - pd.Timedelta(days=recent_days - 1)
-    base_start = recent_start - pd.Timedelta(days=baseline_days)
     out = []
     for k, g in d.groupby(by, sort=True):
+        recent_start = g["_date"].max() - pd.Timedelta(days=recent_days - 1)
+        base_start = recent_start - pd.Timedelta(days=baseline_days)
         base = g[(g["_date"] >= base_start) & (g["_date"] < recent_start)]
         out.append(drift_check(base.reward, g[g["_date"] >= recent_start].reward,
                                alpha=alpha, method=method, group=f"{by}={k}"))  # fmt: skip

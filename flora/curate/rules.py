@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_RULES = Path(__file__).with_name("rules") / "default.yaml"
 SPLITS = ("pretrain", "policy", "failures")
@@ -39,7 +39,8 @@ class DenseRule(_Strict):
     #: A segment whose overlap with failure spans exceeds this share of its length -> failures.
     failure_overlap: float = Field(0.0, ge=0.0, lt=1.0)
     suboptimal: Literal["keep", "drop", "failures"] = "keep"
-    #: Spans shorter than this are ignored (one dense group is 0.5 s).
+    #: Spans shorter than this are ignored. Measured in whole 0.5 s groups (a span's
+    #: groups × 0.5 s), so the last group, clipped at the episode's end, counts as 0.5 s.
     min_span_s: float = Field(0.5, ge=0.0)
 
 
@@ -53,11 +54,28 @@ class CaptionRule(_Strict):
     #: caption the model could not produce can mean a malformed segment).
     on_rejected: Literal["policy", "drop"] = "policy"
 
+    @model_validator(mode="after")
+    def _range(self) -> CaptionRule:
+        # min > max would silently empty the pretrain split.
+        if self.min_words > self.max_words:
+            raise ValueError(f"min_words ({self.min_words}) > max_words ({self.max_words})")
+        return self
+
 
 class DurationRule(_Strict):
+    """Segments outside ``min_segment_s``..``max_segment_s`` and short episodes are dropped."""
+
     min_segment_s: float = Field(0.25, ge=0.0)
     max_segment_s: float = Field(120.0, gt=0.0)
     min_episode_s: float = Field(1.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _range(self) -> DurationRule:
+        # min > max would drop every segment.
+        if self.min_segment_s > self.max_segment_s:
+            raise ValueError(f"min_segment_s ({self.min_segment_s}) > max_segment_s "
+                             f"({self.max_segment_s})")  # fmt: skip
+        return self
 
 
 class RebalanceRule(_Strict):
@@ -132,7 +150,8 @@ def load_rules(path: str | Path | None = None, **overrides: Any) -> CurationRule
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(x) for x in first["loc"])
-        raise RulesError(f"curation rules {p}: field {loc}: {first['msg']}") from e
+        msg = str(first["msg"]).removeprefix("Value error, ")  # a validator's own message
+        raise RulesError(f"curation rules {p}: field {loc}: {msg}") from e
 
 
 __all__ = [

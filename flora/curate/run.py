@@ -1,12 +1,14 @@
 """The curation step: annotation tables → ``curation`` decisions → curated ``mixture``.
 
 ``curate_dataset`` reads the engine tables (``flora.curate.sources``), decides every item
-(``flora.curate.filter``), writes the decisions per episode with ``TableStore`` (resumable:
-an episode whose decisions did not change is not rewritten), validates them, builds the
-mixture (``flora.curate.rebalance``), checks its lineage against the tables it was read
-from, validates it with its GX suite and writes it atomically to
-``<out>/curated/<dataset>/mixture.parquet`` (+ ``mixture.json`` summary). An empty mixture raises
-``EmptyMixtureError``; a mixture failing its suite raises ``TableValidationError``.
+(``flora.curate.filter``) and validates the decisions, builds the mixture
+(``flora.curate.rebalance``), checks its lineage against the tables it was read from and
+validates it with its GX suite; only then does it write the decisions per episode with
+``TableStore`` (resumable: an episode whose decisions did not change is not rewritten) and
+put the mixture in place atomically at ``<out>/curated/<dataset>/mixture.parquet`` (+
+``mixture.json`` summary). An empty mixture raises ``EmptyMixtureError``; a mixture failing
+its suite raises ``TableValidationError``; either way nothing on disk is changed, so the
+decisions there still match the mixture there.
 
 ``log_mixture`` logs it to the active MLflow run as an MLflow dataset (input, context
 ``curated-mixture``) plus its summary; ``version_with_dvc`` copies it into a DVC repo's
@@ -91,13 +93,29 @@ def check_lineage(mixture: pd.DataFrame, ann: Annotations) -> None:
                            + "; ".join(bad[:5]))  # fmt: skip
 
 
-def _write_atomic(df: pd.DataFrame, path: Path) -> Path:
+def _stage(path: Path, write: Any) -> tuple[str, Path]:
+    """``write(tmp)`` to a temp file beside ``path``; ``(tmp, path)`` for ``os.replace``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     os.close(fd)
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-    return path
+    try:
+        write(tmp)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp, path
+
+
+_UNCHANGED = "; nothing was changed (the decisions and mixture on disk are as they were)"
+
+
+def _nothing_changed(e: BaseException) -> None:
+    """Say in ``e`` that the failed run wrote nothing (in its message where it is a plain
+    one, so the CLI's one-line error says it too; else as a traceback note)."""
+    if isinstance(e, ValueError) and len(e.args) == 1 and isinstance(e.args[0], str):
+        e.args = (e.args[0] + _UNCHANGED,)
+    else:
+        e.add_note(_UNCHANGED.removeprefix("; "))
 
 
 def _norm(v: Any) -> Any:
@@ -154,36 +172,54 @@ def curate_dataset(
         from flora.curate.rebalance import EmptyMixtureError
 
         raise EmptyMixtureError(f"dataset {name}: no readable episode to curate")
-    ann = load_annotations(tables)
-    decisions = decide(ann, meta, rules, run_id)
-    # Validated before any part is written: a table that fails its suite leaves none.
-    assert_valid(DECISIONS, decisions, dataset=name)
-    store = TableStore(out)
-    processed, skipped = [], []
-    for eid, g in decisions.groupby("episode_id", sort=True):
-        part = g.reset_index(drop=True)
-        old = store.read_part(DECISIONS, str(eid)) if resume else None
-        if old is not None and store.has(DECISIONS, str(eid)) and _same(part, old):
-            skipped.append(str(eid))
-            continue
-        store.commit(DECISIONS, str(eid), part, [])  # written and committed (no pending mark)
-        processed.append(str(eid))
-    clusters = None
-    if rules.rebalance.verb_source == "cluster":
-        from flora.curate.failures import cluster_texts
+    try:
+        # Everything that can refuse the run comes before any decision part is committed:
+        # a failed run leaves the decisions and the mixture on disk as they were (and
+        # consistent with each other).
+        ann = load_annotations(tables)
+        decisions = decide(ann, meta, rules, run_id)
+        assert_valid(DECISIONS, decisions, dataset=name)
+        clusters = None
+        if rules.rebalance.verb_source == "cluster":
+            from flora.curate.failures import cluster_texts
 
-        caps = decisions.caption.fillna(decisions.verb).astype(str)
-        labels = cluster_texts(list(caps))
-        clusters = pd.Series(labels, index=decisions.index)
-    mixture, mix_summary = build_mixture(decisions, rules, clusters=clusters)
-    check_lineage(mixture, ann)
-    report = assert_valid(MIXTURE, mixture, dataset=name)
-    path = _write_atomic(mixture, mixture_path(out, name))
+            caps = decisions.caption.fillna(decisions.verb).astype(str)
+            labels = cluster_texts(list(caps))
+            clusters = pd.Series(labels, index=decisions.index)
+        mixture, mix_summary = build_mixture(decisions, rules, clusters=clusters)
+        check_lineage(mixture, ann)
+        assert_valid(MIXTURE, mixture, dataset=name)
+    except Exception as e:
+        _nothing_changed(e)
+        raise
     summary = {"dataset": name, "rules_sha": rules.sha(), "rules": rules.model_dump(mode="json"),
                "decisions": summarize(decisions), "mixture": mix_summary,
                "tables": ann.roots}  # fmt: skip
-    path.with_suffix(".json").write_text(json.dumps(summary, indent=1, default=str))
-    del report
+    path = mixture_path(out, name)
+    store = TableStore(out)
+    processed: list[str] = []
+    skipped: list[str] = []
+    staged: list[tuple[str, Path]] = []
+    try:
+        # Mixture and summary are written beside their targets first (a full disk fails
+        # here, before any commit) and put in place once the decisions are committed.
+        staged.append(_stage(path, lambda f: mixture.to_parquet(f, index=False)))
+        staged.append(_stage(path.with_suffix(".json"), lambda f: Path(f).write_text(
+            json.dumps(summary, indent=1, default=str))))  # fmt: skip
+        for eid, g in decisions.groupby("episode_id", sort=True):
+            part = g.reset_index(drop=True)
+            old = store.read_part(DECISIONS, str(eid)) if resume else None
+            if old is not None and store.has(DECISIONS, str(eid)) and _same(part, old):
+                skipped.append(str(eid))
+                continue
+            store.commit(DECISIONS, str(eid), part, [])  # written and committed (no pending mark)
+            processed.append(str(eid))
+    except BaseException:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    for tmp, target in staged:
+        os.replace(tmp, target)
     return CurateResult(name, run_id, decisions, mixture, path, summary, processed, skipped,
                         {"curation": "passed", "mixture": "passed"})  # fmt: skip
 

@@ -17,7 +17,12 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
     def report_cmd(
         dataset: Annotated[Path, typer.Argument(help="Dataset root.")],
         tables: Annotated[
-            Path | None, typer.Option(help="Engine tables root (default: FLORA_HOME/outputs).")
+            Path | None,
+            typer.Option(
+                help="Engine tables root (default: FLORA_HOME/outputs).",
+                exists=True,
+                file_okay=False,
+            ),
         ] = None,
         out: Annotated[
             Path | None, typer.Option(help="Report folder (default: <outputs>/reports/<name>).")
@@ -27,12 +32,13 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         track: Annotated[bool, typer.Option(help="Log the report to MLflow.")] = False,
     ) -> None:
         """Write ``index.html`` (run) and ``episodes/*.html`` (self-contained HTML)."""
+        from flora.curate.run import mixture_path
+        from flora.data.dataset import dataset_name
         from flora.report.html import build_reports, log_reports
         from flora.settings import get_settings
 
         src = tables or get_settings().outputs_dir
-        name = dataset.resolve().name
-        from flora.curate.run import mixture_path
+        name = dataset_name(dataset)  # as `flora curate` names it (`org/x@rev` -> x)
 
         mixture = mixture_path(src, name)
         res = build_reports(dataset, src, out or src / "reports" / name,

@@ -361,6 +361,7 @@ def build_reports(
     from flora.curate.fleet import fleet_from_tables
     from flora.curate.sources import episode_meta, load_annotations
     from flora.data import open_dataset
+    from flora.data.dataset import dataset_name
     from flora.tables import part_key
 
     root = Path(dataset)
@@ -387,7 +388,7 @@ def build_reports(
         pages[m["episode_id"]] = p
     index = out / "index.html"
     links = [(k, f"episodes/{v.name}") for k, v in pages.items()]
-    index.write_text(run_page(root.name, tabs, mixture=mix, curate_summary=summ,
+    index.write_text(run_page(dataset_name(dataset), tabs, mixture=mix, curate_summary=summ,
                               failures=fails, fleet=fleet, episode_links=links,
                               run_id=run_id))  # fmt: skip
     return ReportResult(out, index, pages)

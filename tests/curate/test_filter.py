@@ -219,3 +219,127 @@ def test_a_hub_dataset_with_a_revision_is_curated_under_its_name(tmp_path):
     assert res.dataset == "toy" == dataset_name("org/toy") == dataset_name("org/toy@main")
     assert res.mixture_path == mixture_path(tmp_path / "out", "toy")
     assert dataset_name(tmp_path / "t") == "t"  # a local folder, even one named org/x
+
+
+def test_an_episode_without_events_meets_the_dense_rules(tmp_path):
+    """The whole-episode item (no events written) is judged by the dense failure and
+    suboptimal rules like a segment (it went to `policy` despite a labelled failure), but
+    not by the segment duration rules."""
+    t = Tables(tmp_path / "t")
+    t.outcome(0, 0.9)
+    labels = [3] * 20
+    labels[4:10] = [1] * 6  # [2.0, 5.0) s: failure
+    t.dense(0, labels)
+    t.outcome(1, 0.9)
+    t.dense(1, [3] * 14 + [2] * 2 + [3] * 4)  # [7.0, 8.0) s: suboptimal
+    m = meta({0: "a", 1: "b"})
+    res = _decide(tmp_path, m, duration={"max_segment_s": 5.0})
+    r0 = _row(res, 0, -1)
+    assert r0.failures and not r0.policy and "label-1 span [2.00 s, 5.00 s)" in r0.failure_reason
+    assert "30% of episode" in r0.failure_reason
+    r1 = _row(res, 1, -1)
+    assert r1.policy and r1.drop_reason is None  # 10 s > max_segment_s: not a segment rule
+    dropped = _row(_decide(tmp_path, m, dense={"suboptimal": "drop"}), 1, -1)
+    assert not dropped.policy and "suboptimal" in dropped.drop_reason
+
+
+def test_a_refused_recuration_changes_nothing_on_disk(tmp_path):
+    """Run 2's rules empty the mixture: it raises before committing any decision, so the
+    decisions and the mixture on disk are still run 1's (they used to be run 2's decisions
+    beside run 1's mixture)."""
+    from flora.curate.rebalance import EmptyMixtureError
+    from flora.curate.rules import load_rules
+    from flora.curate.run import curate_dataset, read_mixture
+    from flora.tables import TableStore
+
+    t = Tables(tmp_path / "t")
+    t.full(0, SPANS)
+    t.full(1, SPANS)
+    m = meta({0: "a", 1: "b"})
+    r1 = curate_dataset("toy", tmp_path / "t", tmp_path / "out", "run1", meta=m,
+                        rules=load_rules())  # fmt: skip
+    summary = r1.mixture_path.with_suffix(".json").read_text()
+    strict = load_rules(splits=["pretrain"], duration={"min_episode_s": 60})
+    with pytest.raises(EmptyMixtureError, match="nothing was changed"):
+        curate_dataset("toy", tmp_path / "t", tmp_path / "out", "run2", meta=m, rules=strict)
+    dec = TableStore(tmp_path / "out").read("curation")
+    assert set(dec.run_id) == {"run1"} and dec.pretrain.sum() == r1.decisions.pretrain.sum()
+    mix = read_mixture(r1.mixture_path)
+    assert set(mix.run_id) == {"run1"} and len(mix) == len(r1.mixture)
+    assert r1.mixture_path.with_suffix(".json").read_text() == summary
+    assert sorted(p.name for p in r1.mixture_path.parent.iterdir()) == [
+        "mixture.json", "mixture.parquet"]  # no staged file left  # fmt: skip
+
+
+def test_a_caption_rejection_of_another_interval_is_stale(tmp_path):
+    """A rejection names its interval (`event 1 [2000000, 3500000) µs`): after the episode
+    was segmented again it is not the new event 1's (it used to drop it under
+    `caption.on_rejected: drop`)."""
+    from flora.curate.filter import item_interval
+
+    assert item_interval("event 1 [2000000, 3500000) µs") == ("event", 1, 2_000_000, 3_500_000)
+    window = item_interval("window 1 [6000000, 10000000) us")
+    assert window == ("window", 1, 6_000_000, 10_000_000)
+    no_interval = ("event", 2, None, None)
+    assert item_interval("event 2 [?, ?) µs") == item_interval("event 2") == no_interval
+    assert item_interval("episode") is None
+    t = Tables(tmp_path / "t")
+    t.full(0, SPANS, reject=(1,))  # event 1 [2.0, 3.5) s rejected
+    t.events(0, [SPANS[0], (2.0, 6.0, ""), SPANS[3]])  # new event 1 [2.0, 6.0) s
+    res = _decide(tmp_path, meta({0: "a"}), caption={"on_rejected": "drop"})
+    row = _row(res, 0, 1)
+    assert row.policy and row.drop_reason is None and row.caption_status == "missing"
+    assert "caption: stale rejection, recorded for 'event 1 [2000000, 3500000) µs'" in row.reason
+
+
+def test_time_without_dense_labels_is_noted_not_cleared(tmp_path):
+    """A failed dense window leaves [6, 10) s unlabelled: the event inside it says so (it
+    read as if the dense labels had cleared it); its split does not change."""
+    from flora.tables import Failure
+
+    t = Tables(tmp_path / "t")
+    t.full(0, SPANS)
+    t.dense(0, [3] * 12)  # labels for [0, 6) s only
+    fail = Failure("dense_labels", eid(0), "window 1 [6000000, 10000000) us", "grammar: bad group")
+    t.store.record_failures("dense_labels", eid(0), [fail])
+    res = _decide(tmp_path, meta({0: "a"}))
+    r3 = _row(res, 0, 3)  # [6.0, 9.0) s
+    assert r3.pretrain and not r3.failures
+    assert ("dense: no labels for [6.00, 9.00) s (window 1 [6000000, 10000000) us: "
+            "grammar: bad group)") in r3.reason  # fmt: skip
+    assert "no labels" not in _row(res, 0, 2).reason  # [3.5, 6.0) s is labelled
+
+
+def test_a_failure_in_the_last_group_cut_at_t_counts(tmp_path):
+    """T = 9.8 s: the last 0.5 s group is cut to [9.5, 9.8) s. min_span_s (0.5) is judged
+    on the uncut group, so its failure is not ignored (it was: 0.3 s < 0.5 s)."""
+    from flora.curate.filter import Span, dense_spans
+
+    T = 9.8
+    t = Tables(tmp_path / "t")
+    spans = [(0.5, 5.0, "reach toward the red block"), (5.0, 9.8, "lift the red block")]
+    labels = [3] * 20
+    labels[19] = 1
+    t.full(0, spans, labels=labels, T=T)
+    assert dense_spans(t.store.read("dense_labels"), 9_800_000, 500_000) == [
+        Span(9_500_000, 9_800_000, 1, "drop: object fell")]  # fmt: skip
+    res = _decide(tmp_path, meta({0: "a"}, duration_s=T))
+    assert _row(res, 0, 1).failures and "[9.50 s, 9.80 s)" in _row(res, 0, 1).failure_reason
+    assert _row(res, 0, 0).pretrain
+    # Two groups are needed for 1 s: the single (cut) group is still ignored then.
+    assert _row(_decide(tmp_path, meta({0: "a"}, duration_s=T), dense={"min_span_s": 1.0}),
+                0, 1).pretrain  # fmt: skip
+
+
+def test_contradictory_rule_ranges_are_refused(tmp_path):
+    """min > max emptied a split without a word; now the rules are refused, naming it."""
+    from flora.curate.rules import RulesError, load_rules
+
+    with pytest.raises(RulesError, match=r"field caption: min_words \(12\) > max_words \(8\)"):
+        load_rules(caption={"min_words": 12, "max_words": 8})
+    p = tmp_path / "r.yaml"
+    p.write_text("duration:\n  min_segment_s: 10\n  max_segment_s: 5\n")
+    with pytest.raises(RulesError, match=r"r.yaml: field duration: min_segment_s .*max_segment_s"):
+        load_rules(p)
+    ok = load_rules(caption={"min_words": 5, "max_words": 5})  # equal bounds are a range
+    assert ok.caption.min_words == ok.caption.max_words == 5

@@ -108,3 +108,21 @@ def test_drift_windows_are_calendar_days_not_the_last_days_with_data():
     assert r.fired and r.n_baseline == 6 and r.n_recent == 5
     (r2,) = drift_by_window(df(old + near + now), recent_days=7)  # recent: 02-23 .. 03-01
     assert r2.n_recent == 11 and r2.n_baseline == 0 and not r2.fired
+
+
+def test_drift_recent_window_is_each_robots_own_last_day():
+    """r2's rewards collapse on its own last day, one day before r1's last day: the check
+    fires for r2 (the fleet-wide last day gave it an empty recent window)."""
+    from flora.curate.fleet import drift_by_window
+
+    rows = []
+    for d in range(1, 9):
+        for _ in range(5):
+            rows.append({"robot": "r1", "day": f"2026-03-{d:02d}", "reward": 0.9})
+            if d <= 7:
+                rows.append({"robot": "r2", "day": f"2026-03-{d:02d}",
+                             "reward": 0.9 if d < 7 else 0.1})  # fmt: skip
+    res = {r.group: r for r in drift_by_window(pd.DataFrame(rows))}
+    assert res["robot=r2"].fired and res["robot=r2"].n_recent == 5
+    assert res["robot=r2"].n_baseline == 30  # 03-01 .. 03-06
+    assert not res["robot=r1"].fired and res["robot=r1"].n_recent == 5
