@@ -190,9 +190,13 @@ def dense_regex() -> str:
     then the 32 group lines in order, a reason (printable, no ``|``) only on labels 1/2.
     That the declared worst equals the worst label is not expressed: :func:`parse_dense`
     judges."""
+    return f"worst: [123]{_group_lines(1)}"
+
+
+def _group_lines(first: int) -> str:
+    """The regex of group lines ``first`` .. 32, each with its leading newline."""
     reason = "[!-{}~][ -{}~]{0," + str(MAX_REASON_CHARS - 1) + "}"
-    groups = "".join(f"\\n{g}: (3|[12] \\| {reason})" for g in range(1, DENSE_GROUPS + 1))
-    return f"worst: [123]{groups}"
+    return "".join(f"\\n{g}: (3|[12] \\| {reason})" for g in range(first, DENSE_GROUPS + 1))
 
 
 def parse_dense(text: str) -> DenseOutput | Rejection:
@@ -291,18 +295,23 @@ class DenseGuide:
         import regex
 
         self._rx = regex.compile(dense_regex())
+        # Lines g..32 alone (index g), for :meth:`extender`: a line's text is checked
+        # without reading the lines above it again.
+        self._tails = [None] + [regex.compile(_group_lines(g)) for g in range(1, DENSE_GROUPS + 1)]
 
     @staticmethod
-    def _labels_fit(text: str) -> bool:
-        declared = _DECLARED.match(text)
-        if declared is None:
-            return True
-        worst = int(declared.group(1))
-        labels = [int(x) for x in _GROUP_LABEL.findall(text)]
+    def _fits(worst: int, labels: Sequence[int]) -> bool:
         if any(lab < worst for lab in labels):
             return False
         # The last group is the last chance to label the declared level.
         return len(labels) < DENSE_GROUPS or worst in labels
+
+    @classmethod
+    def _labels_fit(cls, text: str) -> bool:
+        declared = _DECLARED.match(text)
+        if declared is None:
+            return True
+        return cls._fits(int(declared.group(1)), [int(x) for x in _GROUP_LABEL.findall(text)])
 
     def extendable(self, text: str) -> bool:
         """Whether ``text`` is a prefix of a valid answer."""
@@ -311,6 +320,39 @@ class DenseGuide:
     def complete(self, text: str) -> bool:
         """Whether ``text`` is a whole valid answer."""
         return self._rx.fullmatch(text) is not None and self._labels_fit(text)
+
+    def extender(self, prefix: str) -> Callable[[str], bool]:
+        """``lambda s: self.extendable(prefix + s)``, with the prefix read once.
+
+        A guided step asks this of every vocabulary entry after one prefix; re-matching the
+        whole answer each time made a step inside a reason cost seconds over a 150k-token
+        vocabulary. Lines hold no newline, so once the lines above the current one match
+        (checked here, once), the rest is the current line plus ``s`` against the regex of
+        the remaining lines, and the labels above are counted once.
+        """
+        lines = prefix.count("\n")
+        if lines == 0:  # the worst line: short, checked whole
+            return lambda s: self.extendable(prefix + s)
+        if lines > DENSE_GROUPS or not self.extendable(prefix):
+            return lambda s: False
+        cut = prefix.rfind("\n")
+        current, tail = prefix[cut:], self._tails[lines]
+        declared = _DECLARED.match(prefix)
+        assert declared is not None  # the prefix is extendable and has a newline
+        worst = int(declared.group(1))
+        above = [int(x) for x in _GROUP_LABEL.findall(prefix, 0, cut)]
+        n_above, worst_above = len(above), worst in above  # all >= worst: prefix extendable
+
+        def check(s: str) -> bool:
+            text = current + s
+            if tail.fullmatch(text, partial=True) is None:
+                return False
+            new = [int(x) for x in _GROUP_LABEL.findall(text)]
+            if any(lab < worst for lab in new):
+                return False
+            return n_above + len(new) < DENSE_GROUPS or worst_above or worst in new
+
+        return check
 
     #: Label tokens whose raw log-probabilities :meth:`repair` reads.
     watch = ("1", "2", "3")
