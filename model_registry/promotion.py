@@ -344,10 +344,24 @@ def _unpaired_reason(name: str, v: str, mine: Mapping[str, str], champ: str,
     """Why metrics of two evaluations on different held-out sets do not compare, and how
     to get a comparable pair."""
     model = name.removeprefix("flora-")
-    return (
+    head = (
         f"eval set: v{v} ({_eval_set_text(mine)}) and champion v{champ} "
-        f"({_eval_set_text(theirs)}) were not scored on the same held-out episodes; "
-        f"re-evaluate both on the same episodes: `flora eval model --model {model} "
+        f"({_eval_set_text(theirs)}) were not scored on the same held-out episodes"
+    )
+    if name == POLICY_NAME:
+        # `flora eval model` scores the text models only; a policy is re-scored from its
+        # logged checkpoint by flora.policy.registry.evaluate_versions.
+        dataset = theirs.get("flora.dataset") or mine.get("flora.dataset") or "DATASET"
+        return (
+            f"{head} (or measured other things: horizon, delays, denoising steps, dataset "
+            f"content, captions, metric version); re-evaluate both on the episodes neither "
+            f'trained on: `python -c "from flora.policy.registry import evaluate_versions; '
+            f'evaluate_versions([{v!r}, {champ!r}], {dataset!r})"` (add episodes=[...] to '
+            "choose them, events= when the policies condition on captions; versions of "
+            "different horizons never compare)"
+        )
+    return (
+        f"{head}; re-evaluate both on the same episodes: `flora eval model --model {model} "
         f"--version {v} --set SET [--episodes N] --also-unseen-by {champ}` and the same "
         f"with `--version {champ} ... --also-unseen-by {v}` (one --set, the same --episodes)"
     )

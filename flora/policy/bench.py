@@ -445,9 +445,11 @@ def rate_table(results: dict[str, Any]) -> str:
             )
         rows.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
     for m, vals in PAPER.items():
+        # The paper's numbers are per d = 0..4: look each column's d up (a run over delays
+        # (0, 2, 4) showed the paper's d = 0, 1, 2 under them).
         rows.append(
             f"| paper (Kinetix): {LABELS[m]} | "
-            + " | ".join(f"{v:.2f}" for v in vals[: len(delays)])
+            + " | ".join(f"{vals[d]:.2f}" if 0 <= d < len(vals) else "—" for d in delays)
             + " |"
         )
     return "\n".join(rows)

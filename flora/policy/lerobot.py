@@ -20,6 +20,7 @@ rest of the dataset is used.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -130,6 +131,7 @@ class PolicyData:
     caption_steps: int = 0  # steps whose text came from a curated caption
     val_episodes: list[int] = field(default_factory=list)  # held out of ``train``
     dataset_name: str = ""
+    dataset_root: Path | None = None  # the folder read (a Hub dataset's local snapshot)
 
 
 # ------------------------------------------------------------------------- captions
@@ -248,6 +250,98 @@ def image_features(ep: Episode) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- dataset
+def _sha256_files(root: Path, files: list[Path]) -> str:
+    """sha256 over each file's path relative to ``root``, size and bytes, in the given order."""
+    h = hashlib.sha256()
+    for p in files:
+        h.update(f"{p.relative_to(root).as_posix()}\0{p.stat().st_size}\0".encode())
+        with open(p, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def dataset_sha256(root: str | Path) -> str:
+    """Content identity of a local dataset folder: sha256 of every file under ``meta/`` and
+    every Parquet file under ``data/`` (relative path, size and bytes; videos are not read).
+
+    The folder name says nothing about the content (two datasets may share it), so the
+    policy checkpoint records this and the evaluation checks and fingerprints it. Reads the
+    metadata and signal files once; a plain mp4 folder (no meta/, no data/) hashes to the
+    digest of nothing.
+    """
+    root = Path(root)
+    meta = sorted(p for p in (root / "meta").rglob("*") if p.is_file())
+    data = sorted(p for p in (root / "data").rglob("*.parquet") if p.is_file())
+    return _sha256_files(root, meta + data)
+
+
+def events_sha256(path: str | Path) -> str:
+    """Content identity of an events/captions table (a Parquet file or a table directory of
+    Parquet parts): sha256 of its Parquet bytes."""
+    path = Path(path)
+    if path.is_dir():
+        return _sha256_files(path, sorted(path.glob("*.parquet")))
+    return _sha256_files(path.parent, [path])
+
+
+def _data_file(ds: Any, ep: Episode) -> Path | None:
+    """The file episode ``ep``'s state/action columns come from, for error messages: the
+    LeRobot data Parquet file, else (a plain mp4 folder) the episode's video; None when it
+    cannot be told."""
+    try:
+        tpl, i = ds.info["data_path"], int(ep.index)
+        if isinstance(ds.episodes_meta, pd.DataFrame):  # v3.0: shared files per chunk
+            m = ds.episodes_meta.loc[i]
+            rel = tpl.format(chunk_index=int(m["data/chunk_index"]),
+                             file_index=int(m["data/file_index"]))  # fmt: skip
+        else:  # v2.x: one file per episode
+            rel = tpl.format(episode_chunk=i // ds.chunks_size, episode_index=i)
+        return Path(ds.root) / rel
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        cams = list(ep.cameras.values())
+        return Path(cams[0].path) if cams and getattr(cams[0], "path", None) else None
+
+
+def _check_signals(ds: Any, ep: Episode) -> tuple[np.ndarray, np.ndarray]:
+    """The episode's state and action as aligned (N, D) float32 arrays with D > 0 and
+    finite values; otherwise a :class:`FloraDataError` naming dataset, episode, data file
+    and the field at fault (``observation.state`` or ``action``)."""
+    st = np.asarray(ep.state, dtype=np.float32)
+    ac = np.asarray(ep.action, dtype=np.float32)
+    where = dict(dataset=ds.name, episode=int(ep.index), file=_data_file(ds, ep))
+    for name, arr in (("observation.state", st), ("action", ac)):
+        if arr.ndim != 2:
+            raise FloraDataError(f"{name} is {arr.shape}, not an (N, D) array", field=name,
+                                 **where)  # fmt: skip
+    # A missing column reads as (N, 0): a policy needs both the state it conditions on and
+    # the actions it imitates (state_dim 0 trained silently; action_dim 0 ended in a bare
+    # DiTConfig error).
+    empty = [n for n, arr in (("observation.state", st), ("action", ac)) if arr.shape[1] == 0]
+    if empty:
+        raise FloraDataError(
+            f"no {' and no '.join(empty)} values (zero-width; the data has no such column): "
+            "a policy needs both observation.state and action",
+            field=", ".join(empty),
+            **where,
+        )
+    if len(st) != len(ac) or len(ac) == 0:
+        raise FloraDataError(
+            f"observation.state {st.shape} / action {ac.shape} are not aligned (N, D) arrays",
+            field="action",
+            **where,
+        )
+    for name, arr in (("observation.state", st), ("action", ac)):
+        bad = np.nonzero(~np.isfinite(arr).all(axis=1))[0]
+        if len(bad):
+            raise FloraDataError(
+                f"non-finite {name} at step {int(bad[0])} ({len(bad)} step(s))",
+                field=name,
+                **where,
+            )
+    return st, ac
+
+
 def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> PolicyData:
     """Load episodes, cut chunks, standardise state/actions and split train/val."""
     from flora.data import open_dataset
@@ -262,27 +356,17 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
         indices = [i for i in indices if make_episode_id(ds.name, int(i)) in set(mix.episode_id)]
     per_ep: list[dict[str, Any]] = []
     failures: list[EpisodeFailure] = []
+    errors: list[Exception] = []
     cap_steps = 0
     for i in indices:
         try:
             ep = ds.episode(int(i))
-            st = np.asarray(ep.state, dtype=np.float32)
-            ac = np.asarray(ep.action, dtype=np.float32)
-            if st.ndim != 2 or ac.ndim != 2 or len(st) != len(ac) or len(ac) == 0:
-                raise FloraDataError(
-                    f"state {st.shape} / action {ac.shape} are not aligned (N, D) arrays",
-                    dataset=ds.name,
-                    episode=int(i),
-                    field="action",
-                )
-            if not (np.isfinite(st).all() and np.isfinite(ac).all()):
-                raise FloraDataError(
-                    "non-finite state or action", dataset=ds.name, episode=int(i), field="action"
-                )
+            st, ac = _check_signals(ds, ep)
             texts, n_cap = step_texts(ep, captions)
             img = image_features(ep) if cfg.image_features else None
         except (FloraDataError, OSError, ValueError) as e:
             failures.append(EpisodeFailure(int(i), str(e)))
+            errors.append(e)
             continue
         cap_steps += n_cap
         w = None
@@ -294,8 +378,16 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
                        "w": w})  # fmt: skip
     if not per_ep:
         reasons = "; ".join(f"{f.episode}: {f.reason}" for f in failures[:3])
-        raise FloraDataError(f"no usable episode ({reasons})",
-                             dataset=dataset_name(cfg.dataset))  # fmt: skip
+        # Every episode failed the same way (a dataset without observation.state, say):
+        # the error names that field and the first such file, not only the dataset.
+        fields = {getattr(e, "field", None) for e in errors}
+        first = errors[0] if errors and len(fields) == 1 else None
+        raise FloraDataError(
+            f"no usable episode ({reasons})",
+            dataset=dataset_name(cfg.dataset),
+            file=getattr(first, "file", None),
+            field=getattr(first, "field", None),
+        )
     dims = {(e["state"].shape[1], e["action"].shape[1]) for e in per_ep}
     if len(dims) != 1:
         raise FloraDataError(
@@ -356,6 +448,7 @@ def build_data(cfg: PolicyTrainConfig, captions: pd.DataFrame | None = None) -> 
         caption_steps=cap_steps,
         val_episodes=[e["index"] for e in val_eps],
         dataset_name=ds.name,
+        dataset_root=ds.source.root if getattr(ds, "source", None) else Path(ds.root),
     )
 
 
@@ -428,8 +521,10 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         "stats": data.stats,
         "dataset": str(cfg.dataset),
         "delays": list(delays.probs),
-        # The episodes the model never trained on: evaluate_policy's default evaluation set.
+        # The episodes the model never trained on: evaluate_policy's default evaluation set,
+        # of the dataset named here and holding exactly this content.
         "dataset_name": data.dataset_name,
+        "dataset_sha256": dataset_sha256(data.dataset_root) if data.dataset_root else None,
         "val_episodes": list(data.val_episodes),
         "train_episodes": [i for i in data.episodes if i not in set(data.val_episodes)],
         "train_config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
@@ -596,11 +691,52 @@ def load_policy(path: str | Path) -> TrainedPolicy:
 EVAL_METHODS = ("plain", "training_time", "inference_time")
 
 
-def held_out_episodes(pol: TrainedPolicy, checkpoint: str | Path, dataset: str | Path) -> list[int]:
-    """The episodes ``pol`` was not trained on (its recorded ``val_episodes``), checked to
-    belong to ``dataset``; a :class:`FloraDataError` when there are none to evaluate on."""
+def check_trained_on(
+    pol: TrainedPolicy, checkpoint: str | Path, dataset: str | Path, identity: str | None = None
+) -> str:
+    """Check that ``dataset`` is the data ``pol`` was trained on; returns its
+    :func:`dataset_sha256` (``identity``, when the caller computed it already).
+
+    A checkpoint records the dataset's name and content identity; a dataset with another
+    content is refused even when its folder has the same name. A checkpoint written before
+    the identity was recorded (``dataset_sha256`` absent) is checked by name only.
+    """
     from flora.data import open_dataset
 
+    ds = open_dataset(dataset)
+    name = ds.name
+    if identity is None:
+        identity = dataset_sha256(ds.source.root if ds.source else ds.root)
+    trained_on = pol.extra.get("dataset_name")
+    trained_sha = pol.extra.get("dataset_sha256")
+    if trained_sha and trained_sha != identity:
+        raise FloraDataError(
+            f"the policy was trained on dataset {trained_on!r} with content sha256 "
+            f"{trained_sha[:16]}…, but {name!r} ({dataset}) has content sha256 "
+            f"{identity[:16]}… (meta/ and data/ files differ): its held-out episodes are "
+            "not this dataset's; pass episodes= to evaluate on another dataset",
+            dataset=name,
+            file=checkpoint,
+            field="dataset_sha256",
+        )
+    if trained_on and name != trained_on:
+        raise FloraDataError(
+            f"the policy's held-out episodes are of dataset {trained_on!r}, not {name!r}: "
+            "pass episodes= to evaluate on another dataset",
+            dataset=name,
+            file=checkpoint,
+            field="val_episodes",
+        )
+    return identity
+
+
+def held_out_episodes(
+    pol: TrainedPolicy, checkpoint: str | Path, dataset: str | Path, identity: str | None = None
+) -> list[int]:
+    """The episodes ``pol`` was not trained on (its recorded ``val_episodes``), checked to
+    belong to ``dataset`` (:func:`check_trained_on`: name and content identity; pass
+    ``identity`` when already computed); a :class:`FloraDataError` when there are none to
+    evaluate on."""
     held = pol.extra.get("val_episodes")
     if not held:
         why = "an older checkpoint" if held is None else "val_fraction 0 or < 2 episodes"
@@ -610,17 +746,17 @@ def held_out_episodes(pol: TrainedPolicy, checkpoint: str | Path, dataset: str |
             file=checkpoint,
             field="val_episodes",
         )
-    trained_on = pol.extra.get("dataset_name")
-    name = open_dataset(dataset).name
-    if trained_on and name != trained_on:
-        raise FloraDataError(
-            f"the policy's held-out episodes are of dataset {trained_on!r}, not {name!r}: "
-            "pass episodes= to evaluate on another dataset",
-            dataset=name,
-            file=checkpoint,
-            field="val_episodes",
-        )
+    check_trained_on(pol, checkpoint, dataset, identity)
     return [int(i) for i in held]
+
+
+#: What ``postfix_mse`` / ``boundary_jump`` of :func:`evaluate_policy` measure. Version 1
+#: (before 2026-12-07) was in the checkpoint's own standardised units, so the same network
+#: with a wider recorded action_std scored better; version 2 is in the evaluated episodes'
+#: standardised action units (their own mean/std), the same for every checkpoint. The eval-set
+#: fingerprint carries the version, so figures of the two never meet in a promotion gate.
+METRIC_VERSION = 2
+METRIC_UNITS = "evaluated episodes' standardised action units"
 
 
 @torch.no_grad()
@@ -640,25 +776,34 @@ def evaluate_policy(
 
     ``episodes=None`` evaluates on the episodes training held out (``val_episodes`` in the
     checkpoint) and refuses a checkpoint without any (``val_fraction=0``, too few
-    episodes, an older checkpoint) or a dataset other than the one it was trained on;
-    explicit ``episodes`` are evaluated as given. The report's ``episodes`` lists the
-    evaluated episodes and ``episode_source`` says ``held_out`` or ``explicit``.
+    episodes, an older checkpoint) or a dataset other than the one it was trained on (by
+    name and by content, :func:`check_trained_on`); explicit ``episodes`` are evaluated as
+    given. The report's ``episodes`` lists the evaluated episodes and ``episode_source``
+    says ``held_out`` or ``explicit``.
 
     The committed prefix is the ground truth's first d actions. Inference-time RTC's soft
     overlap beyond it (up to H - s) is the model's own plain chunk for the same
     observation, a stand-in for the previous chunk's plan (until 2026-12-07 it was the
     ground truth the postfix is scored against, which flattered inference-time RTC).
-    Per method: ``postfix_mse`` (sampled vs ground-truth postfix, standardised units) and
-    ``boundary_jump`` (mean |a_d - a_{d-1}| between the last committed and the first new
-    action, minus the ground truth's own step — how much the switch jerks). Also median
-    per-chunk latency at batch 1.
+    Per method: ``postfix_mse`` (sampled vs ground-truth postfix) and ``boundary_jump``
+    (mean |a_d - a_{d-1}| between the last committed and the first new action, minus the
+    ground truth's own step — how much the switch jerks), both in the evaluated episodes'
+    standardised action units (:data:`METRIC_VERSION` 2: actions minus the evaluated
+    episodes' action mean, over their std — independent of the checkpoint's statistics).
+    Also median per-chunk latency at batch 1. The report records what the figures depend
+    on (horizon, delays, steps, dataset and events content sha256, metric version) for the
+    eval-set fingerprint (:func:`flora.policy.registry.policy_eval_set`).
     """
+    from flora.data import open_dataset
+
     pol = load_policy(checkpoint)
     model, cfg = pol.model, pol.model.config
     tc = pol.extra.get("train_config", {})
+    ds = open_dataset(dataset)
+    identity = dataset_sha256(ds.source.root if ds.source else ds.root)  # once per evaluation
     source = "explicit"
     if episodes is None:
-        episodes, source = held_out_episodes(pol, checkpoint, dataset), "held_out"
+        episodes, source = held_out_episodes(pol, checkpoint, dataset, identity), "held_out"
     pcfg = PolicyTrainConfig(
         dataset=Path(dataset),
         out=Path("."),
@@ -676,7 +821,8 @@ def evaluate_policy(
     )
     captions = load_captions(events) if events is not None else None
     data = build_data(pcfg, captions)
-    # Re-standardise with the checkpoint's statistics, not this dataset's.
+    # The model sees its inputs in the checkpoint's units; the figures are in the evaluated
+    # data's units (``chunk`` as build_data standardised it), the same for every checkpoint.
     sm = torch.tensor(pol.stats["state_mean"])
     ss = torch.tensor(pol.stats["state_std"])
     am = torch.tensor(pol.stats["action_mean"])
@@ -688,10 +834,15 @@ def evaluate_policy(
     g = torch.Generator().manual_seed(seed)
     n = len(data.train)
     idx = torch.randperm(n, generator=g)[: min(max_chunks, n)]
-    obs, chunk = data.train.batch(idx)
+    obs, truth = data.train.batch(idx)
     obs = dict(obs)
     obs["state"] = ((obs["state"] * ds_ + dm) - sm) / ss
-    gt = ((chunk * das + dam) - am) / asd
+    gt = ((truth * das + dam) - am) / asd  # the ground truth in the checkpoint's units
+
+    def scored(x: torch.Tensor) -> torch.Tensor:
+        """A sampled chunk (checkpoint units) in the evaluated data's units."""
+        return ((x * asd + am) - dam) / das
+
     H, A = cfg.horizon, cfg.action_dim
     rows: list[dict[str, Any]] = []
     for d in delays:
@@ -711,10 +862,11 @@ def evaluate_policy(
             )
             if m == "plain":
                 plain = out
-            mse = float(((out[:, d:] - gt[:, d:]) ** 2).mean())
+            got = scored(out)
+            mse = float(((got[:, d:] - truth[:, d:]) ** 2).mean())
             if d > 0:
-                jump = (out[:, d] - gt[:, d - 1]).abs().mean(-1)
-                ref = (gt[:, d] - gt[:, d - 1]).abs().mean(-1)
+                jump = (got[:, d] - truth[:, d - 1]).abs().mean(-1)
+                ref = (truth[:, d] - truth[:, d - 1]).abs().mean(-1)
                 bj = float((jump - ref).mean())
             else:
                 bj = float("nan")
@@ -735,11 +887,21 @@ def evaluate_policy(
     return {
         "checkpoint": str(checkpoint),
         "dataset": str(dataset),
+        "dataset_sha256": identity,
+        "events": str(events) if events is not None else None,
+        "events_sha256": events_sha256(events) if events is not None else None,
         "chunks": int(len(idx)),
         "seed": int(seed),
         "episodes": list(data.episodes),
         "episode_source": source,
+        "horizon": int(H),
+        "delays": [int(d) for d in delays],
         "steps": steps,
+        "metric_version": METRIC_VERSION,
+        "metric_units": METRIC_UNITS,
+        # what the figures are standardised by (the evaluated episodes' actions)
+        "metric_action_mean": data.stats["action_mean"],
+        "metric_action_std": data.stats["action_std"],
         "rows": rows,
         "latency_ms": lat,
         "latency_ratio_training_time_over_plain": lat["training_time"] / lat["plain"],

@@ -59,7 +59,9 @@ def _pyfunc_class():
             cfg = self.policy.model.config
             out = []
             for i, r in enumerate(model_input.to_dict("records")):
-                state, text, prefix, d = predict_args(i, r, cfg.horizon, cfg.action_dim)
+                state, text, prefix, d = predict_args(
+                    i, r, cfg.horizon, cfg.action_dim, state_dim=cfg.state_dim
+                )
                 chunk = self.policy.chunk(state, text, prefix=prefix, d=d, steps=steps)
                 out.append(json.dumps(np.asarray(chunk).tolist()))
             return pd.DataFrame({"chunk": out})
@@ -78,15 +80,22 @@ def _missing(v: Any) -> bool:
 
 
 def predict_args(
-    row: int, r: Mapping[str, Any], horizon: int, action_dim: int
+    row: int,
+    r: Mapping[str, Any],
+    horizon: int,
+    action_dim: int,
+    *,
+    state_dim: int | None = None,
 ) -> tuple[Any, str, Any, int]:
     """``(state, text, prefix, d)`` for :meth:`TrainedPolicy.chunk` from one input row.
 
-    ``prefix``: JSON (L, A) actions in dataset units; missing (None/NaN/empty) means plain
-    sampling. ``d``: how many leading prefix rows are committed; missing means all of them
-    (``d = L``). ``d <= H - s`` with ``s = max(d, 1)`` (``rtc.sample``'s default), so at most
-    ``H // 2`` committed actions. ``d > 0`` without a prefix, ``d > L``, a malformed prefix
-    or state are a ValueError naming the row (0-based position) and the field.
+    ``state``: a JSON list of ``state_dim`` floats (the model's state width; None skips the
+    length check). ``prefix``: JSON (L, A) actions in dataset units; missing (None/NaN/empty)
+    means plain sampling. ``d``: how many leading prefix rows are committed; missing means
+    all of them (``d = L``). ``d <= H - s`` with ``s = max(d, 1)`` (``rtc.sample``'s
+    default), so at most ``H // 2`` committed actions. ``d > 0`` without a prefix, ``d > L``,
+    a malformed prefix, a malformed state or one of another length are a ValueError naming
+    the row (0-based position) and the field.
     """
     import numpy as np
 
@@ -99,6 +108,12 @@ def predict_args(
         state = np.asarray(json.loads(r["state"]), dtype=np.float32)
     except (TypeError, ValueError) as e:
         raise bad("state", f"not a JSON list of floats ({e})") from e
+    # A state of another length would be broadcast against the normalisation (length 1:
+    # silently) or fail as a bare numpy error.
+    if state.ndim != 1:
+        raise bad("state", f"must be a flat JSON list of floats, got shape {state.shape}")
+    if state_dim is not None and len(state) != state_dim:
+        raise bad("state", f"expected {state_dim} values (the model's state_dim), got {len(state)}")
     text = str(r["text"])
 
     raw_d, d = r.get("d"), None
@@ -205,18 +220,128 @@ def register_policy(
 
 def policy_eval_set(report: Mapping[str, Any], dataset: str) -> dict[str, str]:
     """The eval-set tags of an ``evaluate_policy`` report: the promotion gate compares
-    postfix_mse only between versions scored on the same episodes of the same data, with the
-    same seed and chunk count. A Hub dataset's id with its revision is part of the data
-    (another revision is other data); a local folder is named as the readers name it."""
+    postfix_mse only between versions whose figures measured the same thing.
+
+    The fingerprint covers the episodes, the evaluation's seed and chunk count, the chunk
+    length H, the delays scored, the denoising steps, the metric's definition
+    (``metric_version``; a report without one is version 1, the checkpoint-unit figures),
+    the dataset's content (``dataset_sha256``: two folders of one name are other data) and
+    the events table's content when captions conditioned the evaluation. A Hub dataset's id
+    with its revision is part of the data (another revision is other data); a local folder
+    is named as the readers name it. Items a report lacks (one written before they were
+    recorded) enter as ``unrecorded``, so such a report never pairs with a current one.
+    """
     from flora.data.dataset import HUB_DATASET, dataset_name
     from model_registry.promotion import eval_set_tags
 
+    def rec(key: str) -> str:
+        return str(report[key]) if key in report else "unrecorded"
+
     src = str(report.get("dataset", dataset))
-    data = [f"chunks={report.get('chunks')}", f"seed={report.get('seed')}"]
+    delays = sorted({int(r["d"]) for r in report.get("rows", [])})
+    data = [
+        f"chunks={report.get('chunks')}",
+        f"seed={report.get('seed')}",
+        f"metric=postfix_mse.v{report.get('metric_version', 1)}",
+        f"horizon={rec('horizon')}",
+        f"delays={','.join(map(str, delays))}",
+        f"steps={rec('steps')}",
+        f"dataset_sha256={rec('dataset_sha256')}",
+        f"events_sha256={rec('events_sha256')}",  # None: evaluated on task texts
+    ]
     if HUB_DATASET.match(src) and not Path(src).exists():
         data.append(f"hub={src}")
     name = dataset_name(src)
     return eval_set_tags([f"{name}/{int(i):06d}" for i in report["episodes"]], data)
+
+
+def _version_checkpoint(version: str, dest: Path) -> Path:
+    """The ``policy.pt`` logged with registered version ``version``, downloaded under
+    ``dest``."""
+    import mlflow
+
+    local = Path(mlflow.artifacts.download_artifacts(f"models:/{NAME}/{version}",
+                                                     dst_path=str(dest)))  # fmt: skip
+    found = sorted(local.rglob("*.pt"))
+    if not found:
+        raise FileNotFoundError(f"{NAME} v{version}: no checkpoint (*.pt) among its artifacts")
+    return found[0]
+
+
+def evaluate_versions(
+    versions: list[str | int],
+    dataset: str,
+    *,
+    episodes: list[int] | None = None,
+    events: str | Path | None = None,
+    max_delay: int = 5,
+    work_dir: str | Path | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Re-evaluate registered ``flora-policy`` versions on the same episodes, so the
+    promotion gate can compare them (what a refusal for different eval sets asks for).
+
+    ``episodes=None`` takes the episodes of ``dataset`` that none of the versions trained on
+    (their checkpoints' ``train_episodes``); each checkpoint must have been trained on
+    ``dataset`` (name and content, :func:`flora.policy.lerobot.check_trained_on`). Each
+    version is scored by :func:`flora.policy.lerobot.evaluate_policy` with the same delays
+    (:func:`flora.policy.steps.eval_delays`), seed and denoising steps, and the evaluation
+    replaces the version's earlier one (:func:`model_registry.promotion.record_evaluation`:
+    metrics and eval-set fingerprint; the ``flora.eval_episode*`` lineage tags too).
+    Versions of different horizons H still do not compare (H is part of the fingerprint).
+    Returns ``{version: {"metrics", "episodes", "eval_set"}}``.
+    """
+    import tempfile
+
+    from mlflow import MlflowClient
+
+    from flora.data import open_dataset
+    from flora.data.episode import FloraDataError
+    from flora.policy.lerobot import check_trained_on, evaluate_policy, load_policy
+    from flora.policy.steps import episode_ids_tag, eval_delays
+    from flora.tracking import configure
+    from model_registry.promotion import EVAL_SET_TAG, record_evaluation
+
+    configure()
+    tmp = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="flora-eval-"))
+    ckpts = {str(v): _version_checkpoint(str(v), tmp / f"v{v}") for v in versions}
+    pols = {v: load_policy(c) for v, c in ckpts.items()}
+    if episodes is None:
+        trained: set[int] = set()
+        for v, pol in pols.items():
+            check_trained_on(pol, ckpts[v], dataset)
+            if pol.extra.get("train_episodes") is None:
+                raise FloraDataError(
+                    f"{NAME} v{v} records no training episodes (an older checkpoint): "
+                    "pass episodes= that it did not train on",
+                    file=ckpts[v],
+                    field="train_episodes",
+                )
+            trained |= {int(i) for i in pol.extra["train_episodes"]}
+        episodes = [i for i in open_dataset(dataset).episode_indices() if i not in trained]
+        if not episodes:
+            raise FloraDataError(
+                f"every episode of {dataset} trained one of versions {sorted(pols)}: there is "
+                "no episode unseen by all of them; pass episodes= (or hold out more)",
+                field="train_episodes",
+            )
+    client = MlflowClient()
+    out: dict[str, dict[str, Any]] = {}
+    for v, c in ckpts.items():
+        delays = eval_delays(pols[v].model.config.horizon, max_delay)
+        report = evaluate_policy(c, dataset, episodes=list(episodes), events=events,
+                                 delays=delays)  # fmt: skip
+        metrics = policy_metrics(report)
+        eval_set = policy_eval_set(report, dataset)
+        record_evaluation("policy", v, metrics, eval_set=eval_set)
+        for k, val in {
+            "flora.eval_episodes": str(len(report["episodes"])),
+            "flora.eval_episode_ids": episode_ids_tag(report["episodes"]),
+            "flora.eval_episode_source": report["episode_source"],
+        }.items():
+            client.set_model_version_tag(NAME, v, k, val)
+        out[v] = {"metrics": metrics, "episodes": report["episodes"],
+                  "eval_set": eval_set[EVAL_SET_TAG]}  # fmt: skip
+    return out
 
 
 def register_step(
@@ -261,6 +386,7 @@ def register_step(
 
 __all__ = [
     "NAME",
+    "evaluate_versions",
     "log_policy_model",
     "policy_eval_set",
     "policy_metrics",

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from flora.policy import rtc
 from flora.policy.bench import (
     EVAL_METHODS,
+    PAPER,
     BenchConfig,
     collect_demos,
     cycle_actions,
@@ -234,3 +235,17 @@ def test_strategies_coincide_at_zero_delay():
     a = rollout(model, env, "synchronous", 0, 48, **kw)
     b = rollout(model, env, "naive_async", 0, 48, **kw)
     assert torch.equal(a["success"], b["success"]) and torch.equal(a["steps"], b["steps"])
+
+
+def test_rate_table_puts_the_papers_numbers_under_their_own_delay():
+    """The paper's reference numbers were taken positionally: with delays (0, 2, 4) the
+    table showed the paper's d = 0, 1, 2 under them."""
+    pts = [
+        {"method": "training_time", "d": d, "rate": 0.5, "ci95": [0.4, 0.6]} for d in (0, 2, 4, 5)
+    ]
+    table = rate_table({"points": pts})
+    t = PAPER["training_time"]
+    assert (
+        f"| paper (Kinetix): training-time RTC | {t[0]:.2f} | {t[2]:.2f} | {t[4]:.2f} | — |"
+        in table
+    )

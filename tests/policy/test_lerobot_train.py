@@ -331,7 +331,9 @@ def test_inference_time_overlap_is_a_plan_never_the_scored_truth(toy, tmp_path, 
 def test_policy_versions_scored_on_other_episodes_do_not_compare(toy, tmp_path, monkeypatch):
     """Each registered policy carries the fingerprint of what its postfix_mse scored; a
     challenger held out on other episodes than the champion's is refused by the gate (the
-    same-set comparison itself: tests/registry/test_promotion.py)."""
+    same-set comparison itself: tests/registry/test_promotion.py). The refusal's advice is
+    the policy's own (it was `flora eval model --model policy`, which refuses policies) and,
+    followed as written, makes the two versions comparable."""
     from flora.policy.registry import NAME, register_step
     from flora.policy.steps import evaluate_step
     from flora.settings import get_settings
@@ -343,9 +345,9 @@ def test_policy_versions_scored_on_other_episodes_do_not_compare(toy, tmp_path, 
     try:
         versions = {}
         evals = {}
-        for seed in (0, 1):  # seed 1 holds out another episode
+        for seed in (0, 1):  # seed 1 holds out another episode; neither sees episode 3
             out = tmp_path / f"out{seed}"
-            summary = train_policy(_cfg(toy, out, epochs=1, seed=seed))
+            summary = train_policy(_cfg(toy, out, epochs=1, seed=seed, episodes=[0, 1, 2]))
             parent = start_pipeline_run("policy-rtc")
             ev = evaluate_step(summary["checkpoint"], toy, out / "eval.json", parent, max_delay=2)
             evals[seed] = (summary["checkpoint"], out / "eval.json", parent, ev["episodes"])
@@ -371,5 +373,134 @@ def test_policy_versions_scored_on_other_episodes_do_not_compare(toy, tmp_path, 
         other = evaluate_gates("policy", versions[1][0])
         assert not other.passed and any("not scored on the same held-out" in r
                                         for r in other.reasons)  # fmt: skip
+        (advice,) = [r for r in other.reasons if "re-evaluate" in r]
+        assert "flora eval model" not in advice
+        import re
+
+        code = re.search(r'`python -c "(.*?)"`', advice).group(1)
+        assert "evaluate_versions" in code and str(toy) in code
+        exec(code, {})  # what the refusal tells the user to run
+        again = evaluate_gates("policy", versions[1][0])
+        assert not any("eval set" in r for r in again.reasons), again.reasons
+        tags = {k: MlflowClient().get_model_version(NAME, v).tags for k, (v, _) in versions.items()}
+        assert tags[0][EVAL_SET_TAG] == tags[1][EVAL_SET_TAG]
+        assert tags[0]["flora.eval_episode_ids"] == tags[1]["flora.eval_episode_ids"] == "3"
     finally:
         get_settings.cache_clear()
+
+
+# ------------------------------------------------------------------ review 2026-12-07
+def _variant(toy, dst, edit, drop_feature=None):
+    """A copy of ``toy`` at ``dst`` whose data Parquet files went through ``edit``
+    (a pandas frame -> frame), optionally without ``drop_feature`` in meta/info.json."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(toy, dst)
+    for f in sorted((dst / "data").rglob("*.parquet")):
+        df = edit(pq.read_table(f).to_pandas())
+        schema = pq.read_schema(f)
+        schema = pa.schema([fld for fld in schema if fld.name in df.columns])
+        pq.write_table(pa.Table.from_pandas(df, schema=schema, preserve_index=False), f)
+    if drop_feature:
+        info = json.loads((dst / "meta" / "info.json").read_text())
+        info["features"].pop(drop_feature, None)
+        (dst / "meta" / "info.json").write_text(json.dumps(info))
+    return dst
+
+
+@pytest.mark.parametrize("column", ["observation.state", "action"])
+def test_build_data_refuses_zero_width_state_or_action(toy, tmp_path, column):
+    """A dataset without observation.state trained silently with state_dim 0; one without
+    action ended in a bare DiTConfig ValueError. Both are a FloraDataError naming the
+    dataset, the data file and the field."""
+    bad = _variant(toy, tmp_path / "toy_world", lambda df: df.drop(columns=[column]), column)
+    with pytest.raises(FloraDataError) as ei:
+        build_data(_cfg(bad, tmp_path / "o"))
+    e = ei.value
+    assert e.field == column and e.dataset == "toy_world"
+    assert e.file is not None and e.file.endswith(".parquet") and Path(e.file).is_file()
+    assert f"no {column} values" in str(e)
+
+
+def test_non_finite_state_names_the_state_and_the_file(toy, tmp_path):
+    """A NaN in observation.state was reported as field=action, with no file."""
+
+    def nan_state(df):
+        row = df.index[df.episode_index == 1][3]
+        v = np.array(df.at[row, "observation.state"], dtype=np.float32)
+        v[0] = np.nan
+        df.at[row, "observation.state"] = v
+        return df
+
+    bad = _variant(toy, tmp_path / "toy_world", nan_state)
+    data = build_data(_cfg(bad, tmp_path / "o", val_fraction=0.0))
+    (f,) = data.failures
+    assert f.episode == 1
+    assert "field=observation.state" in f.reason and "non-finite observation.state" in f.reason
+    assert "file=" in f.reason and ".parquet" in f.reason
+
+
+def test_gated_postfix_mse_is_in_the_evaluated_datas_units(toy, tmp_path):
+    """The gated postfix_mse was in each checkpoint's own standardised units: the same
+    network with its recorded action_std x3 (every action 3x farther from the mean, a worse
+    policy) scored better and was promoted. Now both are scored in the evaluated episodes'
+    own units, and the report records what the figure depends on."""
+    from flora.policy.lerobot import evaluate_policy
+    from flora.policy.registry import policy_metrics
+
+    summary = train_policy(_cfg(toy, tmp_path / "a", epochs=1))
+    ck_a = Path(summary["checkpoint"])
+    blob = torch.load(ck_a, map_location="cpu", weights_only=False)
+    blob["extra"]["stats"]["action_std"] = [3 * x for x in blob["extra"]["stats"]["action_std"]]
+    ck_b = tmp_path / "b.pt"
+    torch.save(blob, ck_b)
+    kw = dict(delays=(0, 1, 2), latency_repeats=1, max_chunks=64)
+    ra, rb = evaluate_policy(ck_a, toy, **kw), evaluate_policy(ck_b, toy, **kw)
+    assert ra["episodes"] == rb["episodes"]
+    assert policy_metrics(rb)["postfix_mse"] > 1.5 * policy_metrics(ra)["postfix_mse"]
+    assert ra["metric_version"] == 2
+    assert ra["horizon"] == 8 and ra["delays"] == [0, 1, 2] and ra["steps"] == 5
+    assert len(ra["dataset_sha256"]) == 64 and ra["events_sha256"] is None
+    assert ra["dataset_sha256"] == load_policy(ck_a).extra["dataset_sha256"]
+
+
+def test_same_named_dataset_with_other_content_is_not_the_held_out_data(toy, tmp_path):
+    """A dataset was identified by its folder name only: another dataset of the same name
+    passed as the checkpoint's held-out data and got the same eval-set fingerprint."""
+    from flora.policy.lerobot import evaluate_policy
+    from flora.policy.registry import policy_eval_set
+    from model_registry.promotion import EVAL_SET_TAG
+
+    summary = train_policy(_cfg(toy, tmp_path / "out", epochs=1))
+    ckpt = summary["checkpoint"]
+
+    def scale(df):
+        df["action"] = [np.asarray(a, dtype=np.float32) * 2 for a in df["action"]]
+        return df
+
+    other = _variant(toy, tmp_path / "elsewhere" / "toy_world", scale)
+    assert other.name == toy.name
+    with pytest.raises(FloraDataError, match="content sha256") as ei:
+        evaluate_policy(ckpt, other, delays=(1,), latency_repeats=1)
+    from flora.policy.lerobot import dataset_sha256
+
+    assert dataset_sha256(other) != dataset_sha256(toy)
+    msg = str(ei.value)
+    assert dataset_sha256(toy)[:16] in msg and dataset_sha256(other)[:16] in msg
+    # Evaluated on purpose (explicit episodes): the fingerprints tell the data apart.
+    held = load_policy(ckpt).extra["val_episodes"]
+    kw = dict(episodes=held, delays=(1,), latency_repeats=1, max_chunks=32)
+    ra, rb = evaluate_policy(ckpt, toy, **kw), evaluate_policy(ckpt, other, **kw)
+    assert ra["episodes"] == rb["episodes"]
+    assert (
+        policy_eval_set(ra, str(toy))[EVAL_SET_TAG] != policy_eval_set(rb, str(other))[EVAL_SET_TAG]
+    )
+    # A checkpoint from before the identity was recorded is still loaded and checked by name.
+    blob = torch.load(ckpt, map_location="cpu", weights_only=False)
+    del blob["extra"]["dataset_sha256"]
+    old = tmp_path / "old.pt"
+    torch.save(blob, old)
+    assert evaluate_policy(old, other, delays=(1,), latency_repeats=1)["episodes"] == held

@@ -94,6 +94,11 @@ def test_d_without_prefix_is_an_error_naming_row_and_field(model):
         (_row(prefix=json.dumps([[0.0, 0.0]] * 5)), r"row 1, field 'prefix': d=5 .*at most 4"),
         (_row(prefix=json.dumps([[0.0, 0.0]] * 6), d=5), r"row 1, field 'd': d=5 .*at most 4"),
         (_row(state="[0.1, "), r"row 1, field 'state'"),
+        # A state of another length than state_dim = 3: length 1 was broadcast silently,
+        # others failed as a bare numpy error naming neither row nor field.
+        (_row(state="[0.5]"), r"row 1, field 'state': expected 3 values .*got 1"),
+        (_row(state=json.dumps([0.1] * 6)), r"row 1, field 'state': expected 3 values .*got 6"),
+        (_row(state=json.dumps([[0.1, 0.2, 0.3]])), r"row 1, field 'state': must be a flat"),
     ],
 )
 def test_bad_rows_name_row_and_field(model, row, match):
@@ -128,3 +133,36 @@ def test_policy_eval_sets_tell_hub_revisions_apart(tmp_path, monkeypatch):
     assert fp(str(local)) == fp("pusht") == fp("./pusht")
     assert fp(str(local)) != fp("lerobot/pusht@v1.0")
     assert fp(str(local)) != policy_eval_set({**rep, "seed": 1}, str(local))[EVAL_SET_TAG]
+
+
+def test_policy_eval_sets_tell_apart_evaluations_that_measured_other_things():
+    """Same checkpoint, same episodes: evaluations with another horizon, other delays,
+    other denoising steps, captions, other dataset content or the old metric definition
+    shared one fingerprint while their postfix_mse measured other things."""
+    from flora.policy.registry import policy_eval_set
+    from model_registry.promotion import EVAL_SET_TAG
+
+    rows = [{"d": d, "method": "training_time", "postfix_mse": 1.0} for d in (0, 1, 2)]
+    rep = {"dataset": "toy_world", "episodes": [2, 3], "chunks": 64, "seed": 0, "rows": rows,
+           "horizon": 8, "steps": 5, "metric_version": 2, "dataset_sha256": "a" * 64,
+           "events_sha256": None}  # fmt: skip
+
+    def fp(**kw):
+        return policy_eval_set({**rep, **kw}, "toy_world")[EVAL_SET_TAG]
+
+    base = fp()
+    assert base == fp()
+    other_delays = [{**r, "d": r["d"] + 2} for r in rows]
+    for changed in (
+        fp(horizon=16),
+        fp(rows=other_delays),
+        fp(steps=1),
+        fp(events_sha256="e" * 64),
+        fp(dataset_sha256="b" * 64),
+        fp(metric_version=1),
+    ):
+        assert changed != base
+    # A report from before these were recorded never pairs with a current one.
+    new_keys = ("horizon", "metric_version", "dataset_sha256", "events_sha256")
+    legacy = {k: v for k, v in rep.items() if k not in new_keys}
+    assert policy_eval_set(legacy, "toy_world")[EVAL_SET_TAG] != base

@@ -190,6 +190,26 @@ def test_challenger_scored_on_other_episodes_is_refused(make_version):
     assert "v4 (no eval-set fingerprint recorded)" in evaluate_gates("captioner", v4).reasons[0]
 
 
+def test_policy_refused_for_other_episodes_gets_the_policys_own_advice(make_version):
+    """The advice for a refused flora-policy challenger was `flora eval model --model
+    policy ...`, which refuses policies: it names the function that re-scores registered
+    policies (exercised end to end in tests/policy/test_lerobot_train.py)."""
+    from mlflow import MlflowClient
+
+    from model_registry.promotion import POLICY_NAME
+
+    v1 = make_version("policy", {"postfix_mse": 0.5}, episodes=("toy_world/000002",))
+    MlflowClient().set_model_version_tag(POLICY_NAME, v1, "flora.dataset", "/data/toy_world")
+    assert promote("policy", v1).promoted
+    v2 = make_version("policy", {"postfix_mse": 0.1}, episodes=("toy_world/000003",))
+    d = evaluate_gates("policy", v2)
+    (reason,) = d.reasons
+    assert not d.passed and "not scored on the same held-out episodes" in reason
+    assert "flora eval model" not in reason
+    want = f"evaluate_versions([{v2!r}, {v1!r}], '/data/toy_world')"
+    assert "from flora.policy.registry import evaluate_versions" in reason and want in reason
+
+
 def _seg_eval(examples, answers):
     """The project's scorer on hand answers (window id -> text) for ``examples``."""
     import pandas as pd
