@@ -20,7 +20,8 @@ Scheduled on the curated mixture (the Asset ``flora_data_engine`` publishes afte
 ``curate``): a scheduled run trains on the mixture named in the Asset event. Triggered by
 hand with a conf: ``dataset`` (default ``FLORA_DATASET``), ``mixture`` (a curated
 mixture parquet; empty: the dataset's ground truth), ``recipe`` (a size: ``tiny``,
-``small``, ``demo``, ``production``), ``models`` (subset; the others skip),
+``small``, ``demo``, ``production``), ``models`` (a non-empty subset of :data:`MODELS`;
+the others skip; an unknown name fails ``prepare``),
 ``sft_max_steps`` / ``grpo_max_steps`` (0: the recipe's), ``eval_episodes`` (0: all
 held-out), ``n_boot``, ``gates`` (``project`` or ``mechanics``, see
 ``training.pipeline.GATE_POLICIES``). XCom carries paths, run ids and versions only: the
@@ -48,6 +49,33 @@ MODELS = ("segmenter", "captioner", "rewarder")
 GRPO_MODELS = ("segmenter", "captioner")  # no RL for the rewarder (DESIGN §3.5)
 # The same Asset flora_data_engine publishes after curation (name and URI must match).
 CURATED = Asset(name="flora_curated_mixture", uri="flora://curated-mixture")
+
+
+def select_models(requested: Any = None) -> list[str]:
+    """The models a run trains, in :data:`MODELS` order: ``requested`` (the ``models``
+    param; None: all of them) checked against :data:`MODELS`.
+
+    An unknown name or an empty list raises ``AirflowFailException`` (no retry): a typo
+    such as ``Segmenter`` would otherwise skip every model and the run would succeed
+    having trained nothing.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    if requested is None:
+        return list(MODELS)
+    allowed = ", ".join(MODELS)
+    if isinstance(requested, str) or not isinstance(requested, list | tuple):
+        raise AirflowFailException(
+            f"param models must be a list of model names ({allowed}), got {requested!r}"
+        )
+    unknown = [m for m in requested if m not in MODELS]
+    if unknown:
+        raise AirflowFailException(
+            f"param models: unknown model(s) {', '.join(map(repr, unknown))}; allowed: {allowed}"
+        )
+    if not requested:
+        raise AirflowFailException(f"param models is empty: name at least one of {allowed}")
+    return [m for m in MODELS if m in requested]
 
 
 def _skip_unless(state: dict[str, Any], model: str) -> None:
@@ -78,7 +106,14 @@ def _skip_unless(state: dict[str, Any], model: str) -> None:
             "else the dataset's ground truth.",
         ),
         "recipe": Param("small", type="string", description="Recipe size or suffix (small)."),
-        "models": Param(list(MODELS), type="array", description="Models to train."),
+        "models": Param(
+            list(MODELS),
+            type="array",
+            items={"type": "string", "enum": list(MODELS)},
+            minItems=1,
+            uniqueItems=True,
+            description="Models to train (a non-empty subset of segmenter, captioner, rewarder).",
+        ),
         "sft_max_steps": Param(0, type="integer", minimum=0),
         "grpo_max_steps": Param(0, type="integer", minimum=0),
         "eval_episodes": Param(0, type="integer", minimum=0),
@@ -107,7 +142,7 @@ def flora_train_models() -> None:
         for events in (triggering_asset_events or {}).values():
             for ev in events:  # a scheduled run: the mixture the data engine just curated
                 mixture = mixture or (getattr(ev, "extra", None) or {}).get("path")
-        models = [m for m in MODELS if m in (p.get("models") or MODELS)]
+        models = select_models(p.get("models"))
         run_key = str(getattr(dag_run, "run_id", "") or "manual").replace(":", "_")
         # Paths handed downstream must be visible to every worker and pod (production).
         path = Path(shared_path(p.get("dataset") or s.dataset, "dataset"))

@@ -391,6 +391,50 @@ def _command_path(cmd: Any, args: Sequence[str], prog_name: str) -> str:
     return " ".join(parts)
 
 
+def _setting_var(field: object) -> str:
+    """The environment variable of settings field ``field`` (``gpu_count`` ->
+    ``FLORA_GPU_COUNT``)."""
+    from flora.settings import FloraSettings
+
+    return f"{FloraSettings.model_config.get('env_prefix', '')}{field}".upper()
+
+
+def settings_error_message(e: BaseException) -> str | None:
+    """A one-line message naming the ``FLORA_*`` variable(s) at fault when ``e`` is an error
+    reading :class:`~flora.settings.FloraSettings`, else None.
+
+    Two kinds: pydantic's ``ValidationError`` (a value of the wrong type or out of range)
+    and pydantic-settings' ``SettingsError`` (a list or dict setting whose value is not
+    JSON, raised before validation). Both name the field, which the user never typed.
+    """
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    if isinstance(e, ValidationError) and e.title == "FloraSettings":
+        parts = []
+        for err in e.errors(include_url=False):
+            loc = err.get("loc") or ("?",)
+            var = _setting_var(loc[0])
+            sub = "".join(f"[{x!r}]" for x in loc[1:])
+            # never echo a credential (FLORA_SERVE_TOKEN, FLORA_OPENAI_API_KEY) to a log
+            shown = (
+                "<hidden>"
+                if re.search(r"token|key|password", str(loc[0]))
+                else repr(err.get("input"))
+            )
+            parts.append(f"{var}{sub}={shown}: {err.get('msg')}")
+        return "bad FLORA_* setting: " + "; ".join(parts)
+    if isinstance(e, SettingsError):
+        m = re.search(r'field "(\w+)"', str(e))
+        if m is None:
+            return f"bad FLORA_* setting: {e}"
+        why = f": {e.__cause__}" if e.__cause__ is not None else ""
+        return (f"bad FLORA_* setting: {_setting_var(m.group(1))} could not be parsed{why} "
+                "(list and dict settings take JSON, e.g. '[\"a\", \"b\"]' or "
+                "'{\"key\": \"value\"}')")  # fmt: skip
+    return None
+
+
 def debug_enabled() -> bool:
     """True when ``FLORA_DEBUG`` is set to a true value."""
     return os.environ.get("FLORA_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
@@ -445,8 +489,8 @@ def run_app(app: typer.Typer, args: Sequence[str] | None = None, prog_name: str 
         if isinstance(e, _training_error_types()):  # a refused run: its reason, no traceback
             say(f"{where}: error: {e}")
             return EXIT_FAILED
-        if type(e).__name__ == "ValidationError" and getattr(e, "title", "") == "FloraSettings":
-            say(f"{where}: error: bad FLORA_* setting: {e}")
+        if (msg := settings_error_message(e)) is not None:
+            say(f"{where}: error: {msg}")
             return EXIT_USAGE
         from flora.safety import OutputDirError
 
@@ -566,6 +610,7 @@ __all__ = [
     "print_metrics",
     "report_output",
     "run_app",
+    "settings_error_message",
     "settings_with_backend",
     "status_line",
     "step_exit_code",

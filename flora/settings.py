@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -92,6 +92,13 @@ class FloraSettings(BaseSettings):
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]
     )
+
+    @field_validator("home", "dataset", "serve_token_file", "shared_mount", mode="after")
+    @classmethod
+    def _expand_user(cls, v: Path | None) -> Path | None:
+        """``~`` in a path setting means the home directory, as in a shell: without this,
+        ``FLORA_HOME=~/flora`` (quoted, or from ``.env``) is a folder named ``~`` in the cwd."""
+        return v.expanduser() if v is not None else None
 
     def for_model(self, model: Literal["segmenter", "captioner", "rewarder"]) -> FloraSettings:
         """These settings as ``model``'s requests see them: its own endpoint when one is

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from flora.cli_common import report_output
+from flora.cli_common import report_output, settings_error_message
 
 registry_app = typer.Typer(
     help="Model registry: versions, promotion gates, rollback, deployment.",
@@ -28,6 +28,20 @@ class Model(StrEnum):
     rewarder = "rewarder"
     policy = "policy"
 
+
+def _overlay_names() -> list[str]:
+    """The kustomize overlays of ``infra/overlays`` (those with a kustomization.yaml)."""
+    from model_registry.manifests import INFRA
+
+    root = INFRA / "overlays"
+    found = sorted(p.name for p in root.glob("*") if (p / "kustomization.yaml").is_file())
+    return found or ["dev", "prod"]  # no infra/ beside the code: the documented pair
+
+
+#: ``--overlay`` choices: the overlays that exist, so a typo (``staging``) is a usage error
+#: listing them instead of an internal error from kustomize.
+Overlay = StrEnum("Overlay", {n: n for n in _overlay_names()})  # type: ignore[misc]
+Overlay.__doc__ = "An infra/overlays/<name> kustomize overlay."
 
 JsonOpt = Annotated[
     str | None, typer.Option("--json", help="Write the report as JSON to PATH, or - for stdout.")
@@ -51,6 +65,8 @@ def list_cmd(model: Model, json_out: JsonOpt = None) -> None:
         except RegistryError as e:
             _fail(str(e))
         except Exception as e:  # noqa: BLE001 - MLflow: the model was never registered
+            if settings_error_message(e) is not None:  # a bad FLORA_* value: usage, exit 2
+                raise
             _fail(f"{model.value}: {e}")
         for r in rows:
             metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(r["metrics"].items()))
@@ -149,9 +165,9 @@ def rollback_cmd(model: Model, json_out: JsonOpt = None) -> None:
 def deploy_cmd(
     model: Model,
     ref: Annotated[str, typer.Argument(help="Version or alias to deploy.")] = "champion",
-    overlay: Annotated[str, typer.Option("--overlay", help="infra overlay: dev or prod.")] = (
-        "dev"
-    ),
+    overlay: Annotated[
+        Overlay, typer.Option("--overlay", help="infra/overlays overlay to render.")
+    ] = Overlay("dev"),
     out: Annotated[
         Path | None, typer.Option("--out", help="Where to write the rendered manifest.")
     ] = None,
@@ -163,12 +179,13 @@ def deploy_cmd(
 ) -> None:
     """Render the inference-pod manifest of a version (default: champion) and apply it."""
     from model_registry.deploy import deploy
+    from model_registry.manifests import ManifestError
     from model_registry.register import RegistryError
 
     with report_output(json_out) as rep:
         try:
-            res = deploy(model.value, ref, overlay=overlay, out=out, apply=apply)
-        except RegistryError as e:
+            res = deploy(model.value, ref, overlay=overlay.value, out=out, apply=apply)
+        except (RegistryError, ManifestError) as e:  # no kubectl, an overlay that fails
             _fail(str(e))
         typer.echo(f"{model.value} v{res.version}: manifest {res.manifest} ({res.action})")
         rep.emit(res.to_dict())

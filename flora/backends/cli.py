@@ -49,6 +49,9 @@ def serve_cmd(
     model = model or s.model_path
     if not model:
         raise typer.BadParameter("no model: pass --model or set FLORA_MODEL_PATH")
+    # Before the token banner and the slow load: a wrong path is a usage error (exit 2), not
+    # a warning banner followed by an internal error.
+    check_model(model)
     try:
         token, warnings = resolve_token(token, token_file, s)
     except ValueError as e:
@@ -59,27 +62,53 @@ def serve_cmd(
         bar = "!" * 78
         typer.secho(f"{bar}\n{w}\n{bar}", err=True, fg=typer.colors.RED, bold=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    serve(
-        model,
-        adapter=adapter or s.adapter_path,
-        host=host,
-        port=port,
-        token=token,
-        served_model=served_model or s.openai_model,
-        device=device or s.device,
-        batch_size=batch_size,
-        faults=Faults(
-            fail_first,
-            fail_marker,
-            delay_first,
-            delay_s,
-            stall_marker,
-            throttle_first=throttle_first,
-            retry_after_s=retry_after_s,
-        ),
-        settings=s,
-        port_file=port_file,
-    )
+    from flora.backends.base import BackendError
+
+    try:
+        serve(
+            model,
+            adapter=adapter or s.adapter_path,
+            host=host,
+            port=port,
+            token=token,
+            served_model=served_model or s.openai_model,
+            device=device or s.device,
+            batch_size=batch_size,
+            faults=Faults(
+                fail_first,
+                fail_marker,
+                delay_first,
+                delay_s,
+                stall_marker,
+                throttle_first=throttle_first,
+                retry_after_s=retry_after_s,
+            ),
+            settings=s,
+            port_file=port_file,
+        )
+    except BackendError as e:  # an unknown hub id, weights that do not load: the option
+        raise typer.BadParameter(str(e), param_hint="--model/--adapter") from None
+
+
+def check_model(model: str) -> None:
+    """Refuse (``typer.BadParameter``, exit 2) a ``--model`` written as a local path
+    (``/…``, ``./…``, ``~/…``, or naming something that exists) that is no checkpoint
+    directory (with a ``config.json``).
+
+    Cheap and offline, so it runs before the token banner and the slow load. Anything else
+    is a hub id, resolved when the model loads (an unknown one is a usage error there too).
+    """
+    p = Path(model).expanduser()
+    if not (model.startswith(("/", "./", "../", "~")) or p.exists()):
+        return
+    if not p.is_dir():
+        what = "is not a directory" if p.exists() else "does not exist"
+        raise typer.BadParameter(f"model path {model!r} {what}", param_hint="--model")
+    if not (p / "config.json").is_file():  # else transformers fails deep in the load
+        raise typer.BadParameter(
+            f"{model!r} has no config.json: not a Hugging Face checkpoint directory",
+            param_hint="--model",
+        )
 
 
 class Family(StrEnum):

@@ -17,14 +17,30 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
     @export_app.command("lerobot")
     def lerobot_cmd(
-        dataset: Annotated[Path, typer.Argument(help="Source LeRobot v3.0 dataset root.")],
-        out: Annotated[Path | None, typer.Option(help="Target folder.")] = None,
-        tables: Annotated[
-            Path | None, typer.Option(help="Engine tables root (default: FLORA_HOME/outputs).")
+        dataset: Annotated[
+            Path,
+            typer.Argument(help="Source LeRobot v3.0 dataset root.", exists=True, file_okay=False),
+        ],
+        out: Annotated[
+            Path | None, typer.Option(help="Target folder (not with --in-place).")
         ] = None,
-        mixture: Annotated[Path | None, typer.Option(help="Curated mixture Parquet.")] = None,
+        # Input paths must exist (docs/cli.md): a mistyped --tables would otherwise export
+        # a product without annotations and exit 0.
+        tables: Annotated[
+            Path | None,
+            typer.Option(
+                help="Engine tables root (default: FLORA_HOME/outputs).",
+                exists=True,
+                file_okay=False,
+            ),
+        ] = None,
+        mixture: Annotated[
+            Path | None, typer.Option(help="Curated mixture Parquet.", exists=True)
+        ] = None,
         overwrite: Annotated[bool, typer.Option(help="Replace an earlier export.")] = False,
-        in_place: Annotated[bool, typer.Option(help="Modify the source dataset.")] = False,
+        in_place: Annotated[
+            bool, typer.Option(help="Modify the source dataset (not with --out).")
+        ] = False,
     ) -> None:
         """LeRobot v3.0 with ``language_persistent`` events and ``flora_annotations/``."""
         from flora.export.lerobot import export_lerobot
@@ -32,6 +48,12 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
 
         if out is None and not in_place:
             raise typer.BadParameter("pass --out DIR (or --in-place)", param_hint="--out")
+        if out is not None and in_place:  # which one was meant is unknowable: touch nothing
+            raise typer.BadParameter(
+                "--out and --in-place are exclusive: pass --out DIR to write a copy, or "
+                "--in-place to modify the source dataset",
+                param_hint="--out/--in-place",
+            )
         src = tables or get_settings().outputs_dir
         if mixture is None:
             from flora.curate.run import mixture_path

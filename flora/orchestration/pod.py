@@ -6,20 +6,33 @@ argument by Airflow), prints the result as one JSON line and, with ``--xcom``, w
 where ``KubernetesPodOperator``'s XCom sidecar reads it (:data:`XCOM_PATH`; a path after
 ``--xcom`` overrides it for tests — the DAGs pass none, since a templated argument ending
 in ``.json`` would be loaded as a template file), so the next task receives it exactly as
-it would from the ``@task``. Exit status 0 on success; any exception propagates (non-zero
-exit: the pod and the Airflow task fail, retries apply).
+it would from the ``@task``.
+
+Exit status: 0 on success; :data:`EXIT_PERMANENT` when the step raised one of
+:func:`flora.orchestration.permanent_errors` (bad input: every retry would fail alike), on
+which the DAG's pod task fails at once without retrying
+(:class:`flora.orchestration.tasks.StepPodOperator`); 2 for bad arguments; any other
+exception propagates (exit 1: the task fails and its retries apply).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 #: Where KubernetesPodOperator (do_xcom_push=True) reads a pod's return value.
 XCOM_PATH = Path("/airflow/xcom/return.json")
+#: Exit status of a step that failed on bad input (sysexits' EX_DATAERR): distinct from
+#: Python's 1 (any uncaught exception), argparse's 2 and the signal statuses (137 OOM kill).
+EXIT_PERMANENT = 65
+#: Kubernetes shows this file's text as the container's termination message, which
+#: KubernetesPodOperator puts in the task's error.
+TERMINATION_LOG = Path("/dev/termination-log")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -38,7 +51,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"--inputs of step {args.step} is not JSON: {e}")
     if not isinstance(inputs, dict):
         ap.error(f"--inputs of step {args.step} must be a JSON object, got {type(inputs).__name__}")
-    result = run_step(args.step, inputs)
+    from flora.orchestration import permanent_errors
+
+    try:
+        result = run_step(args.step, inputs)
+    except permanent_errors() as e:
+        traceback.print_exc()  # in the pod's log, as an uncaught error would be
+        msg = f"{args.step}: bad input, not retried: {type(e).__name__}: {e}"
+        print(msg, file=sys.stderr, flush=True)
+        if TERMINATION_LOG.exists():  # only in a Kubernetes container (never create it)
+            with contextlib.suppress(OSError):
+                TERMINATION_LOG.write_text(msg[:4000])  # the kubelet keeps 4096 bytes
+        raise SystemExit(EXIT_PERMANENT) from e
     text = json.dumps(result, default=str)
     if args.xcom:
         out = Path(args.xcom)

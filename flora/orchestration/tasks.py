@@ -5,12 +5,15 @@
 
 * ``embedded`` (default): an in-process ``@task`` that calls
   :func:`~flora.orchestration.steps.run_step`;
-* ``production``: a ``KubernetesPodOperator`` on ``FLORA_CUDA_IMAGE`` whose command is
+* ``production``: a ``KubernetesPodOperator`` (:class:`StepPodOperator`) on
+  ``FLORA_CUDA_IMAGE`` whose command is
   ``python -m flora.orchestration.pod <step> --inputs <JSON> --xcom`` (the same
   ``run_step``), with ``nvidia.com/gpu`` limits equal to requests, the GPU tolerations and
   node selector, the shared PVC mounted, its environment from the ``flora-pipeline-env``
   ConfigMap and Secrets by reference (``SECRET_ENV``), the label that lets it reach the
-  inference pods, and its return value pushed back to XCom by the sidecar.
+  inference pods, and its return value pushed back to XCom by the sidecar. A pod that
+  exits with :data:`~flora.orchestration.pod.EXIT_PERMANENT` (bad input) fails the task
+  at once, as :func:`fail_fast_on_bad_input` does in process.
 
 Inputs are the step's keyword arguments: upstream ``XComArg`` s or JSON values. In a pod
 they arrive as one JSON argument rendered by Airflow's templating
@@ -24,6 +27,7 @@ infra/helm/airflow-values.yaml).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -124,6 +128,65 @@ def fail_fast_on_bad_input(what: str, fn: Callable[..., Any], *args: Any, **kwar
         raise AirflowFailException(f"{what}: {type(e).__name__}: {e}") from e
 
 
+def _container_exit_code(pod: Any, container: str) -> int | None:
+    """The exit status of ``container`` in ``pod`` (a ``V1Pod``), None when not terminated."""
+    statuses = (getattr(getattr(pod, "status", None), "container_statuses", None)) or []
+    for st in statuses:
+        term = st.state.terminated if st.name == container and st.state else None
+        if term is not None:
+            return int(term.exit_code)
+    return None
+
+
+@functools.cache
+def _step_pod_operator() -> type:
+    # Built on first use: importing the cncf provider costs seconds, and embedded-mode DAG
+    # parsing (every worker, every parse) never needs it.
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    from airflow.sdk.exceptions import (
+        AirflowException,
+        AirflowFailException,
+        AirflowSkipException,
+    )
+
+    from flora.orchestration.pod import EXIT_PERMANENT
+
+    class StepPodOperator(KubernetesPodOperator):
+        """``KubernetesPodOperator`` for a heavy step: a pod that exits with
+        ``EXIT_PERMANENT`` (the step hit bad input) fails the task with
+        ``AirflowFailException``, so the task's retries do not rerun it on a GPU.
+
+        KPO reports every failed pod from ``cleanup`` (synchronous and deferrable runs
+        alike) as an ``AirflowException``, which Airflow retries; this reads the base
+        container's exit status there, as KPO's own ``skip_on_exit_code`` does.
+        """
+
+        def cleanup(self, pod: Any, remote_pod: Any) -> None:
+            try:
+                super().cleanup(pod, remote_pod)
+            except (AirflowFailException, AirflowSkipException):
+                raise
+            except AirflowException as e:
+                code = _container_exit_code(remote_pod, self.base_container_name)
+                if code == EXIT_PERMANENT:
+                    raise AirflowFailException(
+                        f"{self.task_id}: the step failed on bad input (exit {code}); not "
+                        f"retried, every try would fail alike. {e}"
+                    ) from e
+                raise
+
+    StepPodOperator.__module__ = __name__
+    StepPodOperator.__qualname__ = "StepPodOperator"
+    return StepPodOperator
+
+
+def __getattr__(name: str) -> Any:
+    """``StepPodOperator`` is built lazily (see :func:`_step_pod_operator`)."""
+    if name == "StepPodOperator":
+        return _step_pod_operator()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _snake(d: dict[str, Any]) -> dict[str, Any]:
     # Settings spell Kubernetes objects as Kubernetes does (tolerationSeconds); the
     # client's models take snake_case arguments.
@@ -184,11 +247,11 @@ def pod_spec_kwargs(s: FloraSettings) -> dict[str, Any]:
 def _in_pod(
     step: str, task_id: str, with_params: bool, s: FloraSettings, **task_kwargs: Any
 ) -> Callable:
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    pod_operator = _step_pod_operator()
 
     def build(**inputs: Any) -> XComArg:
         payload = {**inputs, "params": PARAMS} if with_params else inputs
-        op = KubernetesPodOperator(
+        op = pod_operator(
             task_id=task_id,
             arguments=[step, "--inputs", json_template(payload), "--xcom"],
             doc_md=STEPS[step].__doc__,

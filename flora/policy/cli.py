@@ -135,18 +135,20 @@ def train(
     captions: bool = typer.Option(
         True, "--captions/--no-captions", help="Condition on curated captions when present."
     ),
-    epochs: int = typer.Option(20, "--epochs"),
+    epochs: int = typer.Option(20, "--epochs", min=1),
     rtc_epochs: int | None = typer.Option(
-        None, "--rtc-epochs", help="Training-time RTC for the last N epochs (default: all)."
+        None, "--rtc-epochs", min=0, help="Training-time RTC for the last N epochs (default: all)."
     ),
-    horizon: int = typer.Option(16, "--horizon", help="Chunk length H."),
-    max_delay: int = typer.Option(5, "--max-delay", help="Training delays in [0, max_delay)."),
+    horizon: int = typer.Option(16, "--horizon", min=2, help="Chunk length H (>= 2)."),
+    max_delay: int = typer.Option(
+        5, "--max-delay", min=1, help="Training delays in [0, max_delay); below --horizon."
+    ),
     delay_dist: DelayDist = typer.Option(
         DelayDist.exp, "--delay-dist", help="Training delay distribution."
     ),
-    hidden: int = typer.Option(128, "--hidden"),
-    depth: int = typer.Option(4, "--depth"),
-    batch_size: int = typer.Option(256, "--batch-size"),
+    hidden: int = typer.Option(128, "--hidden", min=1),
+    depth: int = typer.Option(4, "--depth", min=1),
+    batch_size: int = typer.Option(256, "--batch-size", min=1),
     lr: float = typer.Option(5e-4, "--lr"),
     image_features: bool = typer.Option(False, "--image-features/--no-image-features"),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
@@ -158,7 +160,7 @@ def train(
         help="Named recipe; explicit options override its fields.",
     ),
     max_steps: int | None = typer.Option(
-        None, "--max-steps", help="Stop after this many optimiser steps (overrides epochs)."
+        None, "--max-steps", min=1, help="Stop after this many optimiser steps (overrides epochs)."
     ),
     json_out: JsonOpt = None,
     strict: StrictOpt = False,
@@ -202,14 +204,32 @@ def train(
     }
     # recipe fields first, then every option the user actually typed
     merged = {**options, **base, **{k: v for k, v in options.items() if k in given}}
-    cfg = PolicyTrainConfig(
-        dataset=dataset or s.dataset,
-        out=out or s.home / "policy",
-        events=events,
-        mlflow=not no_mlflow,
-        run_id=run_id,
-        **merged,
-    )
+    # Checked on the merged values: a recipe's horizon can clash with a typed --max-delay.
+    if not merged["max_delay"] < merged["horizon"]:
+        raise typer.BadParameter(
+            f"--max-delay ({merged['max_delay']}) must be less than --horizon "
+            f"({merged['horizon']}): a delay is a number of steps inside one chunk",
+            param_hint="--max-delay",
+        )
+    try:
+        cfg = PolicyTrainConfig(
+            dataset=dataset or s.dataset,
+            out=out or s.home / "policy",
+            events=events,
+            mlflow=not no_mlflow,
+            run_id=run_id,
+            **merged,
+        )
+    except ValueError as e:  # every field comes from an option or the recipe: usage
+        raise typer.BadParameter(str(e)) from None
+    # Caught here rather than minutes later, when the model is built or the first step runs.
+    if cfg.hidden % cfg.heads:
+        raise typer.BadParameter(
+            f"--hidden ({cfg.hidden}) must be a multiple of the {cfg.heads} attention heads",
+            param_hint="--hidden",
+        )
+    if not cfg.lr > 0:
+        raise typer.BadParameter(f"--lr must be > 0, got {cfg.lr}", param_hint="--lr")
     with report_output(json_out) as rep:
         summary = train_policy(cfg)
         if json_out is None:
