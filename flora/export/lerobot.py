@@ -261,6 +261,8 @@ def export_lerobot(
         raise FloraDataError(f"export needs a LeRobot v3.0 source, got {ds.format}",
                              dataset=ds.name, file=src, field="codebase_version")  # fmt: skip
     if in_place:
+        if out is not None:  # the CLI refuses both; a library caller must not lose `out`
+            raise ValueError("export_lerobot: pass out=DIR or in_place=True, not both")
         target = src
     else:
         if out is None:

@@ -176,6 +176,9 @@ def test_in_place_and_episode_without_events(tiny_dataset, tmp_path):
     TableStore(tables)._part("events", f"{src.name}/000001").unlink()  # segment step failed
     res = export_lerobot(src, tables, in_place=True)
     assert res.root == src.resolve() and res.episodes_without_events == [1]
+    with pytest.raises(ValueError, match="not both"):  # `out` was silently ignored
+        export_lerobot(src, tables, tmp_path / "elsewhere", in_place=True)
+    assert not (tmp_path / "elsewhere").exists()
     lang = read_language(src)
     assert lang[1] == [] and len(lang[0]) > 0
     assert (src / "flora_annotations" / "manifest.json").exists()
