@@ -756,7 +756,43 @@ def held_out_episodes(
 #: standardised action units (their own mean/std), the same for every checkpoint. The eval-set
 #: fingerprint carries the version, so figures of the two never meet in a promotion gate.
 METRIC_VERSION = 2
-METRIC_UNITS = "evaluated episodes' standardised action units"
+METRIC_UNITS = "dataset-standardised action units"
+
+
+def dataset_action_stats(ds: Any) -> dict[str, list[float]]:
+    """The whole dataset's action mean and std (std floored at 1e-3, as training's), the
+    units the gated figures are in: ``meta/stats.json``'s ``action`` entry where the
+    dataset has one (LeRobot's own normalisation statistics), else computed over every
+    readable episode.
+
+    Not the evaluated episodes' own statistics: on one held-out episode a joint that barely
+    moves there gets a tiny std and its small errors would dominate the figure.
+    """
+    root = ds.source.root if getattr(ds, "source", None) else ds.root
+    try:
+        entry = json.loads((Path(root) / "meta" / "stats.json").read_text())["action"]
+        mean = np.asarray(entry["mean"], dtype=np.float64).reshape(-1)
+        std = np.asarray(entry["std"], dtype=np.float64).reshape(-1)
+        if (
+            mean.shape == std.shape
+            and mean.size
+            and np.isfinite(mean).all()
+            and np.isfinite(std).all()
+        ):
+            return {"action_mean": mean.tolist(), "action_std": np.maximum(std, 1e-3).tolist()}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no usable stats.json: computed below
+    acts = []
+    for i in ds.episode_indices():
+        try:
+            acts.append(_check_signals(ds, ds.episode(int(i)))[1])
+        except (FloraDataError, OSError, ValueError):
+            continue  # an unreadable episode is the training/evaluation step's to report
+    if not acts:
+        raise FloraDataError("no readable episode to standardise actions by", dataset=ds.name,
+                             field="action")  # fmt: skip
+    a = np.concatenate(acts).astype(np.float64)
+    return {"action_mean": a.mean(0).tolist(), "action_std": np.maximum(a.std(0), 1e-3).tolist()}
 
 
 @torch.no_grad()
@@ -788,8 +824,9 @@ def evaluate_policy(
     Per method: ``postfix_mse`` (sampled vs ground-truth postfix) and ``boundary_jump``
     (mean |a_d - a_{d-1}| between the last committed and the first new action, minus the
     ground truth's own step — how much the switch jerks), both in the evaluated episodes'
-    standardised action units (:data:`METRIC_VERSION` 2: actions minus the evaluated
-    episodes' action mean, over their std — independent of the checkpoint's statistics).
+    standardised action units (:data:`METRIC_VERSION` 2: actions minus the whole
+    dataset's action mean, over its std, :func:`dataset_action_stats` — independent of the
+    checkpoint's statistics).
     Also median per-chunk latency at batch 1. The report records what the figures depend
     on (horizon, delays, steps, dataset and events content sha256, metric version) for the
     eval-set fingerprint (:func:`flora.policy.registry.policy_eval_set`).
@@ -821,8 +858,9 @@ def evaluate_policy(
     )
     captions = load_captions(events) if events is not None else None
     data = build_data(pcfg, captions)
-    # The model sees its inputs in the checkpoint's units; the figures are in the evaluated
-    # data's units (``chunk`` as build_data standardised it), the same for every checkpoint.
+    # The model sees its inputs in the checkpoint's units; the figures are in the whole
+    # dataset's standardised units, the same for every checkpoint.
+    units = dataset_action_stats(ds)
     sm = torch.tensor(pol.stats["state_mean"])
     ss = torch.tensor(pol.stats["state_std"])
     am = torch.tensor(pol.stats["action_mean"])
@@ -837,11 +875,18 @@ def evaluate_policy(
     obs, truth = data.train.batch(idx)
     obs = dict(obs)
     obs["state"] = ((obs["state"] * ds_ + dm) - sm) / ss
-    gt = ((truth * das + dam) - am) / asd  # the ground truth in the checkpoint's units
+    raw = truth * das + dam  # build_data standardised by the evaluated episodes' stats
+    gt = (raw - am) / asd  # the ground truth in the checkpoint's units
+    um = torch.tensor(units["action_mean"], dtype=truth.dtype)
+    us = torch.tensor(units["action_std"], dtype=truth.dtype)
+    if um.shape != am.shape:
+        raise FloraDataError(f"dataset stats have {um.numel()} action dims, the policy "
+                             f"{am.numel()}", dataset=ds.name, field="action")  # fmt: skip
+    truth = (raw - um) / us  # what the figures compare against
 
     def scored(x: torch.Tensor) -> torch.Tensor:
-        """A sampled chunk (checkpoint units) in the evaluated data's units."""
-        return ((x * asd + am) - dam) / das
+        """A sampled chunk (checkpoint units) in the dataset's standardised units."""
+        return ((x * asd + am) - um) / us
 
     H, A = cfg.horizon, cfg.action_dim
     rows: list[dict[str, Any]] = []
@@ -899,9 +944,9 @@ def evaluate_policy(
         "steps": steps,
         "metric_version": METRIC_VERSION,
         "metric_units": METRIC_UNITS,
-        # what the figures are standardised by (the evaluated episodes' actions)
-        "metric_action_mean": data.stats["action_mean"],
-        "metric_action_std": data.stats["action_std"],
+        # what the figures are standardised by (the whole dataset's actions)
+        "metric_action_mean": units["action_mean"],
+        "metric_action_std": units["action_std"],
         "rows": rows,
         "latency_ms": lat,
         "latency_ratio_training_time_over_plain": lat["training_time"] / lat["plain"],

@@ -443,12 +443,13 @@ def test_non_finite_state_names_the_state_and_the_file(toy, tmp_path):
     assert "file=" in f.reason and ".parquet" in f.reason
 
 
-def test_gated_postfix_mse_is_in_the_evaluated_datas_units(toy, tmp_path):
+def test_gated_postfix_mse_is_in_the_datasets_units(toy, tmp_path):
     """The gated postfix_mse was in each checkpoint's own standardised units: the same
     network with its recorded action_std x3 (every action 3x farther from the mean, a worse
-    policy) scored better and was promoted. Now both are scored in the evaluated episodes'
-    own units, and the report records what the figure depends on."""
-    from flora.policy.lerobot import evaluate_policy
+    policy) scored better and was promoted. Now both are scored in the dataset's
+    standardised units, and the report records what the figure depends on."""
+    from flora.data import open_dataset
+    from flora.policy.lerobot import dataset_action_stats, evaluate_policy
     from flora.policy.registry import policy_metrics
 
     summary = train_policy(_cfg(toy, tmp_path / "a", epochs=1))
@@ -465,6 +466,32 @@ def test_gated_postfix_mse_is_in_the_evaluated_datas_units(toy, tmp_path):
     assert ra["horizon"] == 8 and ra["delays"] == [0, 1, 2] and ra["steps"] == 5
     assert len(ra["dataset_sha256"]) == 64 and ra["events_sha256"] is None
     assert ra["dataset_sha256"] == load_policy(ck_a).extra["dataset_sha256"]
+    units = dataset_action_stats(open_dataset(toy))
+    assert ra["metric_action_std"] == rb["metric_action_std"] == units["action_std"]
+
+
+def test_metric_units_are_the_whole_datasets_actions(toy, tmp_path):
+    """LeRobot's meta/stats.json where it has an action entry, else every episode's actions:
+    never one held-out episode's own spread (a joint still there got std 0.001 and its
+    small errors dominated the figure)."""
+    import json
+    import shutil
+
+    from flora.data import open_dataset
+    from flora.policy.lerobot import _check_signals, dataset_action_stats
+
+    ds = open_dataset(toy)
+    acts = np.concatenate([_check_signals(ds, ds.episode(i))[1] for i in ds.episode_indices()])
+    copy = tmp_path / "toy_world"
+    shutil.copytree(toy, copy)
+    (copy / "meta" / "stats.json").unlink(missing_ok=True)
+    computed = dataset_action_stats(open_dataset(copy))
+    assert np.allclose(computed["action_mean"], acts.mean(0), atol=1e-6)
+    assert np.allclose(computed["action_std"], np.maximum(acts.std(0), 1e-3), atol=1e-6)
+    declared = {"action": {"mean": [0.5] * acts.shape[1], "std": [2.0] * acts.shape[1]}}
+    (copy / "meta" / "stats.json").write_text(json.dumps(declared))
+    assert dataset_action_stats(open_dataset(copy)) == {
+        "action_mean": [0.5] * acts.shape[1], "action_std": [2.0] * acts.shape[1]}  # fmt: skip
 
 
 def test_same_named_dataset_with_other_content_is_not_the_held_out_data(toy, tmp_path):
