@@ -115,6 +115,13 @@ JsonOpt = Annotated[
 StrictOpt = Annotated[
     bool, typer.Option("--strict", help="Exit 1 instead of 3 when any item failed.")
 ]
+# An input path (docs/cli.md): a mistyped --tables would otherwise make an empty product.
+TablesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Engine tables root (default: FLORA_HOME/outputs).", exists=True, file_okay=False
+    ),
+]
 
 
 def parse_episodes(spec: str | None) -> list[int] | None:

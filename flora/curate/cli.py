@@ -11,17 +11,9 @@ from typing import Annotated
 
 import typer
 
-from flora.cli_common import parse_episodes
+from flora.cli_common import TablesOpt, parse_episodes
 
 DatasetArg = Annotated[Path, typer.Argument(help="Dataset root (task/robot metadata).")]
-TablesOpt = Annotated[
-    Path | None,
-    typer.Option(
-        help="Annotation tables root (default: FLORA_HOME/outputs).",
-        exists=True,
-        file_okay=False,
-    ),
-]
 OutOpt = Annotated[Path | None, typer.Option(help="Output root (default: the tables root).")]
 
 

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from flora.cli_common import TablesOpt
+
 
 def register(app: typer.Typer, eval_app: typer.Typer) -> None:
     """Add ``flora export …`` to ``app``."""
@@ -24,16 +26,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
         out: Annotated[
             Path | None, typer.Option(help="Target folder (not with --in-place).")
         ] = None,
-        # Input paths must exist (docs/cli.md): a mistyped --tables would otherwise export
-        # a product without annotations and exit 0.
-        tables: Annotated[
-            Path | None,
-            typer.Option(
-                help="Engine tables root (default: FLORA_HOME/outputs).",
-                exists=True,
-                file_okay=False,
-            ),
-        ] = None,
+        tables: TablesOpt = None,
         mixture: Annotated[
             Path | None, typer.Option(help="Curated mixture Parquet.", exists=True)
         ] = None,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flora.cli_common import parse_episodes
+from flora.cli_common import TablesOpt, parse_episodes
 
 
 def register(app: typer.Typer, eval_app: typer.Typer) -> None:
@@ -16,14 +16,7 @@ def register(app: typer.Typer, eval_app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
         dataset: Annotated[Path, typer.Argument(help="Dataset root.")],
-        tables: Annotated[
-            Path | None,
-            typer.Option(
-                help="Engine tables root (default: FLORA_HOME/outputs).",
-                exists=True,
-                file_okay=False,
-            ),
-        ] = None,
+        tables: TablesOpt = None,
         out: Annotated[
             Path | None, typer.Option(help="Report folder (default: <outputs>/reports/<name>).")
         ] = None,

@@ -7,26 +7,6 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture
-def run_flora(isolated_home, monkeypatch, capsys):
-    """In-process ``flora`` through ``run_app`` (what the script runs): (code, out, err)."""
-    from flora.cli import app
-    from flora.cli_common import run_app
-    from flora.settings import get_settings
-
-    monkeypatch.setenv("FLORA_BACKEND", "kinematic")
-    monkeypatch.delenv("FLORA_DEBUG", raising=False)
-    get_settings.cache_clear()
-
-    def run(*args):
-        capsys.readouterr()
-        code = run_app(app, [str(a) for a in args])
-        got = capsys.readouterr()
-        return code, got.out, got.err
-
-    return run
-
-
 def _tree(root):
     """Every file under ``root`` with its size and mtime (to see that nothing changed)."""
     return {
