@@ -98,7 +98,12 @@ class FloraSettings(BaseSettings):
     def _expand_user(cls, v: Path | None) -> Path | None:
         """``~`` in a path setting means the home directory, as in a shell: without this,
         ``FLORA_HOME=~/flora`` (quoted, or from ``.env``) is a folder named ``~`` in the cwd."""
-        return v.expanduser() if v is not None else None
+        if v is None:
+            return None
+        try:
+            return v.expanduser()
+        except RuntimeError as e:  # ~nosuchuser, or no home to expand: a bad value, named
+            raise ValueError(f"cannot expand {str(v)!r}: {e}") from e
 
     def for_model(self, model: Literal["segmenter", "captioner", "rewarder"]) -> FloraSettings:
         """These settings as ``model``'s requests see them: its own endpoint when one is

@@ -40,8 +40,12 @@ def _overlay_names() -> list[str]:
 
 #: ``--overlay`` choices: the overlays that exist, so a typo (``staging``) is a usage error
 #: listing them instead of an internal error from kustomize.
-Overlay = StrEnum("Overlay", {n: n for n in _overlay_names()})  # type: ignore[misc]
+_OVERLAYS = _overlay_names()
+Overlay = StrEnum("Overlay", {n: n for n in _OVERLAYS})  # type: ignore[misc]
 Overlay.__doc__ = "An infra/overlays/<name> kustomize overlay."
+#: ``dev`` where the tree has it; else the first overlay (an infra tree without ``dev``
+#: must not stop every ``flora`` command at import).
+DEFAULT_OVERLAY = Overlay("dev" if "dev" in _OVERLAYS else _OVERLAYS[0])
 
 JsonOpt = Annotated[
     str | None, typer.Option("--json", help="Write the report as JSON to PATH, or - for stdout.")
@@ -167,7 +171,7 @@ def deploy_cmd(
     ref: Annotated[str, typer.Argument(help="Version or alias to deploy.")] = "champion",
     overlay: Annotated[
         Overlay, typer.Option("--overlay", help="infra/overlays overlay to render.")
-    ] = Overlay("dev"),
+    ] = DEFAULT_OVERLAY,
     out: Annotated[
         Path | None, typer.Option("--out", help="Where to write the rendered manifest.")
     ] = None,

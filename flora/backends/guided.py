@@ -45,6 +45,7 @@ import bisect
 import functools
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -300,8 +301,12 @@ class PrefixMask:
         watch: tuple[str, ...] = (),
         index: VocabIndex | None = None,
         extender: Callable[[str], Callable[[str], bool]] | None = None,
+        prefix_closed: bool = True,
     ):
         self.extendable = extendable
+        # Whether `extendable` holds for every prefix of a text it holds for (what the
+        # sorted walk needs); a mask that cannot promise it checks every token.
+        self.prefix_closed = prefix_closed
         # extender(prefix) -> check(s) == extendable(prefix + s), reading the prefix once
         # (a guide's faster form of the same test; the dense guide has one).
         self.extender = extender
@@ -327,7 +332,10 @@ class PrefixMask:
             check = self.extender(prefix)
         else:
             check = functools.partial(_extends, self.extendable, prefix)
-        out = self.index.extending(check)
+        if self.prefix_closed:
+            out = self.index.extending(check)
+        else:
+            out = [i for i, t in enumerate(self.tokens) if t and check(t)]
         if self.complete(prefix) or not out:
             # Complete: it may stop. A dead end (nothing extends it) stops too: the strict
             # parser then judges the answer.
@@ -356,6 +364,13 @@ def _extends(extendable: Callable[[str], bool], prefix: str, s: str) -> bool:
     return extendable(prefix + s)
 
 
+#: Constructs under which ``regex`` partial matching is not prefix-closed (a text may
+#: partially match while a prefix of it does not: ``a\Bb`` takes "ab" but not "a"):
+#: lookarounds and other special groups but ``(?:``, word and string anchors, possessive
+#: quantifiers. A pattern with one is enforced by checking every token.
+_NOT_PREFIX_CLOSED = re.compile(r"\(\?(?!:)|\\[bBGAZz]|[*+?}]\+")
+
+
 class RegexMask(PrefixMask):
     """A :class:`PrefixMask` for a regex: ``regex`` partial matching decides extendable,
     a full match complete."""
@@ -374,6 +389,7 @@ class RegexMask(PrefixMask):
             token_strings,
             eos_ids,
             index=index,
+            prefix_closed=_NOT_PREFIX_CLOSED.search(pattern) is None,
         )
 
 

@@ -261,19 +261,37 @@ def _sha256_files(root: Path, files: list[Path]) -> str:
     return h.hexdigest()
 
 
+#: The columns a policy's figures depend on: its dataset identity reads only these, so
+#: columns an export adds (``language_persistent``) or metadata it edits leave it as it was.
+IDENTITY_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "observation.state",
+                    "action")  # fmt: skip
+
+
 def dataset_sha256(root: str | Path) -> str:
-    """Content identity of a local dataset folder: sha256 of every file under ``meta/`` and
-    every Parquet file under ``data/`` (relative path, size and bytes; videos are not read).
+    """Content identity of a local dataset folder: sha256 over every Parquet file under
+    ``data/`` (its relative path and the values of its :data:`IDENTITY_COLUMNS`; videos,
+    other columns and ``meta/`` are not read).
 
     The folder name says nothing about the content (two datasets may share it), so the
-    policy checkpoint records this and the evaluation checks and fingerprints it. Reads the
-    metadata and signal files once; a plain mp4 folder (no meta/, no data/) hashes to the
-    digest of nothing.
+    policy checkpoint records this and the evaluation checks and fingerprints it. An
+    in-place export (a caption column added, ``info.json`` edited) keeps it; other states
+    or actions change it. A plain mp4 folder (no data/) hashes to the digest of nothing.
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     root = Path(root)
-    meta = sorted(p for p in (root / "meta").rglob("*") if p.is_file())
-    data = sorted(p for p in (root / "data").rglob("*.parquet") if p.is_file())
-    return _sha256_files(root, meta + data)
+    h = hashlib.sha256()
+    for p in sorted(q for q in (root / "data").rglob("*.parquet") if q.is_file()):
+        names = set(pq.read_schema(p).names)
+        t = pq.read_table(p, columns=[c for c in IDENTITY_COLUMNS if c in names])
+        t = t.replace_schema_metadata(None).combine_chunks()  # bytes of values, not layout
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        h.update(sink.getvalue().to_pybytes())
+    return h.hexdigest()
 
 
 def events_sha256(path: str | Path) -> str:
@@ -752,10 +770,11 @@ def held_out_episodes(
 
 #: What ``postfix_mse`` / ``boundary_jump`` of :func:`evaluate_policy` measure. Version 1
 #: (before 2026-12-07) was in the checkpoint's own standardised units, so the same network
-#: with a wider recorded action_std scored better; version 2 is in the evaluated episodes'
-#: standardised action units (their own mean/std), the same for every checkpoint. The eval-set
-#: fingerprint carries the version, so figures of the two never meet in a promotion gate.
-METRIC_VERSION = 2
+#: with a wider recorded action_std scored better; version 2 (one commit on 2026-12-07) in
+#: the evaluated episodes' own standardised units; version 3 in the whole dataset's
+#: (:func:`dataset_action_stats`), the same for every checkpoint and every episode subset.
+#: The eval-set fingerprint carries the version, so figures of two never meet in a gate.
+METRIC_VERSION = 3
 METRIC_UNITS = "dataset-standardised action units"
 
 
@@ -824,7 +843,7 @@ def evaluate_policy(
     Per method: ``postfix_mse`` (sampled vs ground-truth postfix) and ``boundary_jump``
     (mean |a_d - a_{d-1}| between the last committed and the first new action, minus the
     ground truth's own step — how much the switch jerks), both in the evaluated episodes'
-    standardised action units (:data:`METRIC_VERSION` 2: actions minus the whole
+    standardised action units (:data:`METRIC_VERSION` 3: actions minus the whole
     dataset's action mean, over its std, :func:`dataset_action_stats` — independent of the
     checkpoint's statistics).
     Also median per-chunk latency at batch 1. The report records what the figures depend

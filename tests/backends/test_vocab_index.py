@@ -133,3 +133,25 @@ def test_mask_cache_shares_one_index_across_patterns() -> None:
     a, b = cache(segments_regex(5)), cache(segments_regex(7))
     assert a.index is b.index
     assert a.allowed("1 ") == [2, 3, 4, 5]  # v in 2..5 (u < v, ticks <= 5)
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"a\Bb", r"(?<!b)\s\b\w{1,2}(?!b)", r"(?r)ab", r"x(?=y)y", r"a++b", r"\bab"]
+)
+def test_a_regex_whose_partial_match_is_not_prefix_closed_checks_every_token(pattern: str) -> None:
+    """``regex`` partial matching takes "ab" for ``a\\Bb`` but not "a": the sorted walk,
+    which drops a head's whole run when the head fails, allowed nothing there."""
+    from flora.backends.guided import RegexMask
+
+    toks = ["a", "b", "ab", " ", " a", " ab", "x", "xy", "y", "aab"]
+    mask = RegexMask(pattern, toks, eos_ids=[len(toks)])
+    assert not mask.prefix_closed
+    for prefix in ["", "a", " ", "x"]:
+        assert [i for i in mask.allowed(prefix) if i != len(toks)] == _brute(mask, prefix)
+
+
+def test_flora_regexes_keep_the_sorted_walk() -> None:
+    from flora.backends.guided import RegexMask
+
+    for pattern in (caption_regex(), outcome_regex(), "(?:ab)+c"):
+        assert RegexMask(pattern, ["a"], eos_ids=[1]).prefix_closed, pattern

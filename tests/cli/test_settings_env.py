@@ -50,6 +50,8 @@ def test_tilde_in_path_settings_is_the_home_directory(clean_env, monkeypatch, tm
         ("FLORA_GPU_NODE_SELECTOR", "gpu=true", "FLORA_GPU_NODE_SELECTOR"),
         ("FLORA_GPU_COUNT", "two", "FLORA_GPU_COUNT='two'"),
         ("FLORA_MODE", "prod", "FLORA_MODE='prod'"),
+        # expanduser raised RuntimeError: an internal error, not a named bad value
+        ("FLORA_HOME", "~nosuchuser_flora_zz/home", "FLORA_HOME="),
     ],
 )
 def test_bad_setting_is_a_usage_error_naming_the_variable(
@@ -59,7 +61,7 @@ def test_bad_setting_is_a_usage_error_naming_the_variable(
     from flora.cli_common import run_app
 
     monkeypatch.setenv("FLORA_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv(var, value)
+    monkeypatch.setenv(var, value)  # after FLORA_HOME: the FLORA_HOME case replaces it
     capsys.readouterr()
     code = run_app(app, ["segment", str(tiny_dataset), "--out", str(tmp_path / "seg")])
     err = capsys.readouterr().err

@@ -462,7 +462,7 @@ def test_gated_postfix_mse_is_in_the_datasets_units(toy, tmp_path):
     ra, rb = evaluate_policy(ck_a, toy, **kw), evaluate_policy(ck_b, toy, **kw)
     assert ra["episodes"] == rb["episodes"]
     assert policy_metrics(rb)["postfix_mse"] > 1.5 * policy_metrics(ra)["postfix_mse"]
-    assert ra["metric_version"] == 2
+    assert ra["metric_version"] == 3
     assert ra["horizon"] == 8 and ra["delays"] == [0, 1, 2] and ra["steps"] == 5
     assert len(ra["dataset_sha256"]) == 64 and ra["events_sha256"] is None
     assert ra["dataset_sha256"] == load_policy(ck_a).extra["dataset_sha256"]
@@ -531,3 +531,34 @@ def test_same_named_dataset_with_other_content_is_not_the_held_out_data(toy, tmp
     old = tmp_path / "old.pt"
     torch.save(blob, old)
     assert evaluate_policy(old, other, delays=(1,), latency_repeats=1)["episodes"] == held
+
+
+def test_dataset_identity_reads_the_signals_not_what_an_export_adds(toy, tmp_path):
+    """An in-place export adds ``language_persistent`` to the data files and edits
+    ``info.json``: a policy trained before it could no longer be evaluated on its own
+    dataset. The identity reads only the signal columns; a changed action still changes it."""
+    import json
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flora.policy.lerobot import dataset_sha256
+
+    copy = tmp_path / "toy_world"
+    shutil.copytree(toy, copy)
+    before = dataset_sha256(copy)
+    part = sorted((copy / "data").rglob("*.parquet"))[0]
+    t = pq.read_table(part)
+    lang = pa.array([[]] * t.num_rows, pa.list_(pa.string()))
+    pq.write_table(t.append_column("language_persistent", lang), part)
+    info = json.loads((copy / "meta" / "info.json").read_text())
+    info["features"]["language_persistent"] = {"dtype": "language", "shape": [1]}
+    (copy / "meta" / "info.json").write_text(json.dumps(info))
+    assert dataset_sha256(copy) == before
+    acts = t.column("action").to_pylist()
+    acts[0] = [a + 1.0 for a in acts[0]]
+    t = t.set_column(t.schema.get_field_index("action"), "action",
+                     pa.array(acts, t.schema.field("action").type))  # fmt: skip
+    pq.write_table(t, part)
+    assert dataset_sha256(copy) != before

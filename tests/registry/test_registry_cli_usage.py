@@ -44,3 +44,21 @@ def test_bad_setting_is_not_reported_as_a_registry_error(run_registry, monkeypat
     code, err = run_registry("list", "segmenter")
     assert code == 2, err
     assert "FLORA_POD_SECRETS" in err
+
+
+def test_an_infra_tree_without_a_dev_overlay_still_imports(tmp_path, monkeypatch):
+    """The overlay choice is built from infra/overlays at import and defaulted to ``dev``:
+    a tree with only ``prod`` made ``import model_registry.cli`` (so every ``flora``
+    command) fail with ValueError."""
+    import importlib
+    import sys
+
+    import model_registry.manifests as manifests
+
+    (tmp_path / "overlays" / "prod").mkdir(parents=True)
+    (tmp_path / "overlays" / "prod" / "kustomization.yaml").write_text("{}")
+    monkeypatch.setattr(manifests, "INFRA", tmp_path)
+    monkeypatch.delitem(sys.modules, "model_registry.cli")
+    cli = importlib.import_module("model_registry.cli")
+    assert [o.value for o in cli.Overlay] == ["prod"] and cli.DEFAULT_OVERLAY == "prod"
+    monkeypatch.delitem(sys.modules, "model_registry.cli")  # the real tree's, next import
