@@ -46,17 +46,22 @@ def bench(
     env: str = typer.Option(
         "pursuit", "--env", help="pursuit (home-made sim) or kinetix (needs `make kinetix`)."
     ),
-    levels: str = typer.Option(
-        "l/grasp_easy", "--levels", help="Kinetix levels, comma-separated (--env kinetix)."
+    levels: str | None = typer.Option(
+        None,
+        "--levels",
+        help="Kinetix levels, comma-separated (--env kinetix; default l/grasp_easy).",
     ),
     json_out: JsonOpt = None,
 ) -> None:
     """Simulated RTC benchmark (synchronous, naive async, inference-time RTC, training-time
     RTC, soft-overlap variant; d = 0..4; 95% Wilson intervals)."""
     if env == "kinetix":
-        _kinetix_bench([lv.strip() for lv in levels.split(",") if lv.strip()])
+        spec = levels if levels is not None else "l/grasp_easy"
+        _kinetix_bench([lv.strip() for lv in spec.split(",") if lv.strip()])
     elif env != "pursuit":
         raise typer.BadParameter(f"unknown env {env!r}", param_hint="--env")
+    elif levels is not None:  # it was ignored, and a full pursuit run started instead
+        raise typer.BadParameter("levels are Kinetix's: pass --env kinetix", param_hint="--levels")
     with report_output(json_out) as rep:
         rep.emit(_bench(quick, out, rollouts, docs, seed, threads))
 

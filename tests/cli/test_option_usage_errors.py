@@ -58,3 +58,14 @@ def test_policy_train_bad_chunk_options_are_usage_errors(
     assert code == 2, err
     assert names in err and "internal error" not in err
     assert not out.exists()
+
+
+def test_policy_bench_levels_without_kinetix_is_a_usage_error(run_flora, tmp_path):
+    """``--levels`` belongs to ``--env kinetix``: without it the option was ignored and a
+    full pursuit benchmark started."""
+    out = tmp_path / "bench"
+    code, _, err = run_flora("policy", "bench", "--quick", "--levels", "l/grasp_easy",
+                             "--out", out)  # fmt: skip
+    assert code == 2, err
+    assert "--levels" in err and "--env kinetix" in err
+    assert not out.exists()
