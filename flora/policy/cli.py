@@ -175,7 +175,12 @@ def train(
     Episodes that cannot be read are left out and count as failed items (exit 3, or 1
     with --strict); exit 1 when no episode was usable.
     """
-    from flora.policy.lerobot import PolicyTrainConfig, find_caption_table, train_policy
+    from flora.policy.lerobot import (
+        PolicyConfigError,
+        PolicyTrainConfig,
+        find_caption_table,
+        train_policy,
+    )
     from flora.policy.recipes import load_recipe
     from flora.settings import get_settings
 
@@ -209,14 +214,7 @@ def train(
     }
     # recipe fields first, then every option the user actually typed
     merged = {**options, **base, **{k: v for k, v in options.items() if k in given}}
-    # Checked on the merged values: a recipe's horizon can clash with a typed --max-delay.
-    if not merged["max_delay"] < merged["horizon"]:
-        raise typer.BadParameter(
-            f"--max-delay ({merged['max_delay']}) must be less than --horizon "
-            f"({merged['horizon']}): a delay is a number of steps inside one chunk",
-            param_hint="--max-delay",
-        )
-    try:
+    try:  # checked on the merged values: a recipe's horizon can clash with a typed option
         cfg = PolicyTrainConfig(
             dataset=dataset or s.dataset,
             out=out or s.home / "policy",
@@ -225,16 +223,10 @@ def train(
             run_id=run_id,
             **merged,
         )
+    except PolicyConfigError as e:
+        raise typer.BadParameter(str(e), param_hint=f"--{e.field.replace('_', '-')}") from None
     except ValueError as e:  # every field comes from an option or the recipe: usage
         raise typer.BadParameter(str(e)) from None
-    # Caught here rather than minutes later, when the model is built or the first step runs.
-    if cfg.hidden % cfg.heads:
-        raise typer.BadParameter(
-            f"--hidden ({cfg.hidden}) must be a multiple of the {cfg.heads} attention heads",
-            param_hint="--hidden",
-        )
-    if not cfg.lr > 0:
-        raise typer.BadParameter(f"--lr must be > 0, got {cfg.lr}", param_hint="--lr")
     with report_output(json_out) as rep:
         summary = train_policy(cfg)
         if json_out is None:

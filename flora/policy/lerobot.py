@@ -50,6 +50,15 @@ from flora.policy.train import (
 THUMB = 8  # image-feature thumbnail side
 
 
+class PolicyConfigError(ValueError):
+    """A :class:`PolicyTrainConfig` field out of range; ``field`` names it (the CLI turns
+    it into a usage error on the matching option)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass
 class PolicyTrainConfig:
     """Everything ``flora policy train`` needs."""
@@ -96,7 +105,18 @@ class PolicyTrainConfig:
         if self.delay_dist not in ("exp", "uniform"):
             raise ValueError(f"delay_dist must be 'exp' or 'uniform', got {self.delay_dist!r}")
         if not 1 <= self.max_delay < self.horizon:
-            raise ValueError(f"need 1 <= max_delay < horizon, got {self.max_delay}")
+            raise PolicyConfigError(
+                "max_delay",
+                f"max_delay ({self.max_delay}) must be in [1, horizon = {self.horizon}): a "
+                "delay is a number of steps inside one chunk",
+            )
+        # Caught here rather than minutes later, when the model is built or a step runs.
+        if self.hidden % self.heads:
+            raise PolicyConfigError(
+                "hidden", f"hidden ({self.hidden}) must be a multiple of the {self.heads} heads"
+            )
+        if not self.lr > 0:
+            raise PolicyConfigError("lr", f"lr must be > 0, got {self.lr}")
         if self.rtc_epochs is not None and not 0 <= self.rtc_epochs <= self.epochs:
             raise ValueError("rtc_epochs must lie in [0, epochs]")
         if self.max_steps is not None and self.max_steps < 1:
@@ -731,7 +751,7 @@ def check_trained_on(
         raise FloraDataError(
             f"the policy was trained on dataset {trained_on!r} with content sha256 "
             f"{trained_sha[:16]}…, but {name!r} ({dataset}) has content sha256 "
-            f"{identity[:16]}… (meta/ and data/ files differ): its held-out episodes are "
+            f"{identity[:16]}… (its states or actions differ): its held-out episodes are "
             "not this dataset's; pass episodes= to evaluate on another dataset",
             dataset=name,
             file=checkpoint,
@@ -826,6 +846,7 @@ def evaluate_policy(
     max_chunks: int = 256,
     latency_repeats: int = 5,
     seed: int = 0,
+    identity: str | None = None,
 ) -> dict[str, Any]:
     """Offline check of a trained policy on dataset chunks, per delay d (s = max(d, 1)).
 
@@ -842,10 +863,11 @@ def evaluate_policy(
     ground truth the postfix is scored against, which flattered inference-time RTC).
     Per method: ``postfix_mse`` (sampled vs ground-truth postfix) and ``boundary_jump``
     (mean |a_d - a_{d-1}| between the last committed and the first new action, minus the
-    ground truth's own step — how much the switch jerks), both in the evaluated episodes'
-    standardised action units (:data:`METRIC_VERSION` 3: actions minus the whole
-    dataset's action mean, over its std, :func:`dataset_action_stats` — independent of the
-    checkpoint's statistics).
+    ground truth's own step — how much the switch jerks), both in the dataset's standardised
+    action units (:data:`METRIC_VERSION` 3: actions minus the whole dataset's action mean,
+    over its std, :func:`dataset_action_stats` — independent of the checkpoint's statistics
+    and of which episodes are evaluated). ``identity``: the dataset's
+    :func:`dataset_sha256` when the caller computed it already.
     Also median per-chunk latency at batch 1. The report records what the figures depend
     on (horizon, delays, steps, dataset and events content sha256, metric version) for the
     eval-set fingerprint (:func:`flora.policy.registry.policy_eval_set`).
@@ -856,7 +878,8 @@ def evaluate_policy(
     model, cfg = pol.model, pol.model.config
     tc = pol.extra.get("train_config", {})
     ds = open_dataset(dataset)
-    identity = dataset_sha256(ds.source.root if ds.source else ds.root)  # once per evaluation
+    if identity is None:  # the caller's, when it scores several checkpoints on one dataset
+        identity = dataset_sha256(ds.source.root if ds.source else ds.root)
     source = "explicit"
     if episodes is None:
         episodes, source = held_out_episodes(pol, checkpoint, dataset, identity), "held_out"

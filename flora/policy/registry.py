@@ -255,6 +255,17 @@ def policy_eval_set(report: Mapping[str, Any], dataset: str) -> dict[str, str]:
     return eval_set_tags([f"{name}/{int(i):06d}" for i in report["episodes"]], data)
 
 
+def eval_episode_tags(report: Mapping[str, Any]) -> dict[str, str]:
+    """The ``flora.eval_episode*`` lineage tags of an ``evaluate_policy`` report."""
+    from flora.policy.steps import episode_ids_tag
+
+    return {
+        "flora.eval_episodes": str(len(report["episodes"])),
+        "flora.eval_episode_ids": episode_ids_tag(report["episodes"]),
+        "flora.eval_episode_source": str(report.get("episode_source", "unknown")),
+    }
+
+
 def _version_checkpoint(version: str, dest: Path) -> Path:
     """The ``policy.pt`` logged with registered version ``version``, downloaded under
     ``dest``."""
@@ -296,8 +307,13 @@ def evaluate_versions(
 
     from flora.data import open_dataset
     from flora.data.episode import FloraDataError
-    from flora.policy.lerobot import check_trained_on, evaluate_policy, load_policy
-    from flora.policy.steps import episode_ids_tag, eval_delays
+    from flora.policy.lerobot import (
+        check_trained_on,
+        dataset_sha256,
+        evaluate_policy,
+        load_policy,
+    )
+    from flora.policy.steps import eval_delays
     from flora.tracking import configure
     from model_registry.promotion import EVAL_SET_TAG, record_evaluation
 
@@ -305,10 +321,12 @@ def evaluate_versions(
     tmp = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="flora-eval-"))
     ckpts = {str(v): _version_checkpoint(str(v), tmp / f"v{v}") for v in versions}
     pols = {v: load_policy(c) for v, c in ckpts.items()}
+    ds = open_dataset(dataset)
+    identity = dataset_sha256(ds.source.root if ds.source else ds.root)  # once, not per version
     if episodes is None:
         trained: set[int] = set()
         for v, pol in pols.items():
-            check_trained_on(pol, ckpts[v], dataset)
+            check_trained_on(pol, ckpts[v], dataset, identity)
             if pol.extra.get("train_episodes") is None:
                 raise FloraDataError(
                     f"{NAME} v{v} records no training episodes (an older checkpoint): "
@@ -317,7 +335,7 @@ def evaluate_versions(
                     field="train_episodes",
                 )
             trained |= {int(i) for i in pol.extra["train_episodes"]}
-        episodes = [i for i in open_dataset(dataset).episode_indices() if i not in trained]
+        episodes = [i for i in ds.episode_indices() if i not in trained]
         if not episodes:
             raise FloraDataError(
                 f"every episode of {dataset} trained one of versions {sorted(pols)}: there is "
@@ -329,15 +347,11 @@ def evaluate_versions(
     for v, c in ckpts.items():
         delays = eval_delays(pols[v].model.config.horizon, max_delay)
         report = evaluate_policy(c, dataset, episodes=list(episodes), events=events,
-                                 delays=delays)  # fmt: skip
+                                 delays=delays, identity=identity)  # fmt: skip
         metrics = policy_metrics(report)
         eval_set = policy_eval_set(report, dataset)
         record_evaluation("policy", v, metrics, eval_set=eval_set)
-        for k, val in {
-            "flora.eval_episodes": str(len(report["episodes"])),
-            "flora.eval_episode_ids": episode_ids_tag(report["episodes"]),
-            "flora.eval_episode_source": report["episode_source"],
-        }.items():
+        for k, val in eval_episode_tags(report).items():
             client.set_model_version_tag(NAME, v, k, val)
         out[v] = {"metrics": metrics, "episodes": report["episodes"],
                   "eval_set": eval_set[EVAL_SET_TAG]}  # fmt: skip
@@ -360,7 +374,6 @@ def register_step(
     are lineage tags (``flora.eval_episodes``: count, ``flora.eval_episode_ids``,
     ``flora.eval_episode_source``). Returns model URI, version, metrics.
     """
-    from flora.policy.steps import episode_ids_tag
     from flora.tracking import git_commit, mlflow_run
 
     report = json.loads(Path(evaluation).read_text())
@@ -376,10 +389,7 @@ def register_step(
         "flora.pipeline_run_id": pipeline_run_id,
     }
     if report.get("episodes") is not None:
-        lineage["flora.eval_episodes"] = str(len(report["episodes"]))
-        lineage["flora.eval_episode_ids"] = episode_ids_tag(report["episodes"])
-        lineage["flora.eval_episode_source"] = str(report.get("episode_source", "unknown"))
-        lineage |= policy_eval_set(report, dataset)
+        lineage |= eval_episode_tags(report) | policy_eval_set(report, dataset)
     version = register_policy(uri, child, metrics, tags=lineage)
     return {"model_uri": uri, "version": version, "metrics": metrics}
 
